@@ -1,0 +1,1 @@
+"""Attention metadata, the attention layer and its backends."""

@@ -1,0 +1,1 @@
+"""Attention backends: `torch` (reference), `triton`, `flex`."""

@@ -1,0 +1,1 @@
+"""Serving benchmark client and paired-run orchestration (talks to servers over HTTP only)."""

@@ -1,0 +1,1 @@
+"""Scheduling and KV-page bookkeeping. Pure Python: no torch, no I/O."""

@@ -1,0 +1,64 @@
+"""What crosses the engine-core boundary: token ids and sampling parameters in, new token ids out.
+
+msgspec structs, so the same objects serve the in-process client and the ZMQ one. Never text.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from inferengine.sampling_params import SamplingParams
+
+
+class EngineCoreRequest(msgspec.Struct, omit_defaults=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None = None
+    arrival_time: float = 0.0
+    priority: int = 0
+    cache_salt: str | None = None
+
+
+class LogprobsLists(msgspec.Struct, array_like=True):
+    """Per position: `token_ids[i][0]` is the chosen token, then the top-N in order."""
+
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    ranks: list[int]  # rank of the chosen token in the full distribution (1 = most likely)
+
+    def slice(self, start: int, stop: int) -> LogprobsLists:
+        return LogprobsLists(
+            self.token_ids[start:stop], self.logprobs[start:stop], self.ranks[start:stop]
+        )
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: int | None = None  # a `FinishReason`
+    stop_reason: int | str | None = None  # the stop token id, when one ended the request
+    new_logprobs: LogprobsLists | None = None
+    new_prompt_logprobs: LogprobsLists | None = None
+    num_cached_tokens: int = 0
+
+
+class SchedulerStats(msgspec.Struct, omit_defaults=True):
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    num_blocks: int = 0
+    num_free_blocks: int = 0
+    num_cached_free_blocks: int = 0
+    prefix_cache_queries: int = 0  # cumulative
+    prefix_cache_hits: int = 0  # cumulative
+    num_preemptions: int = 0  # cumulative
+    step_num_tokens: int = 0  # tokens scheduled in the last step
+
+
+class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):
+    outputs: list[EngineCoreOutput] = []
+    scheduler_stats: SchedulerStats | None = None
+    timestamp: float = 0.0
+    # Set when the core failed a request on its own (bad input that slipped through).
+    errors: dict[str, str] = {}

@@ -1,0 +1,44 @@
+"""Prefix-cache keys: each full block is hashed as a chain, `hash(parent, tokens, extra_keys)`."""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inferengine.core.request import Request
+
+BlockHash = bytes
+ROOT_HASH: BlockHash = b"inferengine-root"
+
+
+def hash_block(parent: BlockHash, token_ids: list[int], extra_keys: tuple[str, ...] = ()) -> BlockHash:
+    """A 128-bit digest of the parent hash, the block's token ids and its extra keys.
+
+    The digest covers the whole chain, so equal hashes mean equal prefixes (up to a 2^-128
+    collision chance), not only equal blocks.
+    """
+    h = hashlib.blake2b(parent, digest_size=16)
+    h.update(array("q", token_ids).tobytes())
+    for key in extra_keys:
+        h.update(b"\x00" + key.encode())
+    return h.digest()
+
+
+class BlockHasher:
+    """Extends a request's `block_hashes` with every block that has become full."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+
+    def extend(self, request: Request) -> None:
+        hashes = request.block_hashes
+        tokens = request.all_token_ids
+        start = len(hashes) * self.block_size
+        while start + self.block_size <= len(tokens):
+            parent = hashes[-1] if hashes else ROOT_HASH
+            # The salt enters the first block only; the chain carries it to every later block.
+            extra = (request.cache_salt,) if not hashes and request.cache_salt else ()
+            hashes.append(hash_block(parent, tokens[start : start + self.block_size], extra))
+            start += self.block_size

@@ -1,0 +1,57 @@
+"""`SchedulerOutput`: what one step runs, as plain data (no tensors). Every worker gets the same.
+
+A request goes to the workers in full once (`NewRequestData`, again after a preemption), then
+only as changes (`CachedRequestData`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from inferengine.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    req_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]  # non-empty when resuming after a preemption
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    req_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: list[CachedRequestData]
+    num_scheduled_tokens: dict[str, int]  # per request, in batch order
+    total_num_scheduled_tokens: int
+    # Requests that ended or were preempted since the last step: workers drop their state.
+    finished_req_ids: set[str] = field(default_factory=set)
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What the worker sends back: sampled token ids per request, in `req_ids` order."""
+
+    req_ids: list[str]
+    sampled_token_ids: list[list[int]]  # empty list: no token (a prefill chunk mid-prompt)
+    logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int]]] = field(
+        default_factory=dict
+    )
+    prompt_logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int]]] = field(
+        default_factory=dict
+    )

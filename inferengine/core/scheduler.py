@@ -1,0 +1,335 @@
+"""`Scheduler`: one token budget per step, handed to running requests first, then waiting ones.
+
+There is no prefill or decode phase: every request has `num_computed_tokens` and `num_tokens`,
+and a step gives it up to the difference. Chunked prefill, prefix-cache hits, decodes and
+speculative tokens all follow from that rule. When pages run out, the lowest-priority running
+request is preempted (pages freed, recomputed later).
+
+Keep this file free of tensors and of anything about how the model runs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+from collections.abc import Iterable
+
+from inferengine.config import CacheConfig, SchedulerConfig
+from inferengine.core.engine_io import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    LogprobsLists,
+    SchedulerStats,
+)
+from inferengine.core.hashing import BlockHasher
+from inferengine.core.kv_cache_manager import KVCacheManager
+from inferengine.core.request import Request, RequestStatus
+from inferengine.core.sched_output import (
+    CachedRequestData,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+
+
+class WaitingQueue:
+    """FCFS: a deque (preempted requests go back to the front). Priority: a heap."""
+
+    def __init__(self, policy: str):
+        self.policy = policy
+        self._items: deque[Request] | list[Request] = deque() if policy == "fcfs" else []
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def add(self, request: Request) -> None:
+        if self.policy == "fcfs":
+            self._items.append(request)
+        else:
+            heapq.heappush(self._items, request)
+
+    def add_front(self, request: Request) -> None:
+        """A preempted request: first in line under FCFS, by its priority otherwise."""
+        if self.policy == "fcfs":
+            self._items.appendleft(request)
+        else:
+            heapq.heappush(self._items, request)
+
+    def peek(self) -> Request:
+        return self._items[0]
+
+    def pop(self) -> Request:
+        if self.policy == "fcfs":
+            return self._items.popleft()
+        return heapq.heappop(self._items)
+
+    def remove(self, requests: set[Request]) -> None:
+        kept = [r for r in self._items if r not in requests]
+        if self.policy == "fcfs":
+            self._items = deque(kept)
+        else:
+            heapq.heapify(kept)
+            self._items = kept
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig):
+        self.config = scheduler_config
+        self.max_num_seqs = scheduler_config.max_num_seqs
+        self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
+        self.max_model_len = scheduler_config.max_model_len
+        self.block_size = cache_config.block_size
+        self.kv_cache_manager = KVCacheManager(
+            cache_config.num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+        )
+        self.block_hasher = BlockHasher(cache_config.block_size)
+        self.requests: dict[str, Request] = {}
+        self.waiting = WaitingQueue(scheduler_config.policy)
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()
+        self.num_preemptions = 0
+        self._last_step_tokens = 0
+
+    # ---- requests in and out -------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        if request._block_hasher is None and self.kv_cache_manager.enable_caching:
+            request._block_hasher = self.block_hasher
+            request._update_block_hashes()
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        """End requests from outside (abort, or a stop string found by the output processor)."""
+        assert status.is_finished
+        finished = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove({request})
+            request.status = status
+            self._free(request)
+            finished.append(request)
+        return finished
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        num_scheduled: dict[str, int] = {}
+        new_block_ids: dict[str, list[int]] = {}
+        preempted_any = False
+
+        for request in list(self.running):
+            if budget <= 0:
+                break
+            if request.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = self._num_new_tokens(request, budget)
+            if num_new <= 0:
+                continue
+            while True:
+                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+                if new_blocks is not None:
+                    break
+                victim = self._pick_victim()
+                budget += num_scheduled.pop(victim.request_id, 0)
+                new_block_ids.pop(victim.request_id, None)
+                self._preempt(victim)
+                preempted_any = True
+                if victim is request:
+                    break
+            if new_blocks is None:
+                continue
+            num_scheduled[request.request_id] = num_new
+            new_block_ids[request.request_id] = [b.block_id for b in new_blocks]
+            budget -= num_new
+
+        scheduled_new: list[Request] = []
+        while (
+            not preempted_any
+            and self.waiting
+            and budget > 0
+            and len(self.running) < self.max_num_seqs
+        ):
+            request = self.waiting.peek()
+            hits, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_hit_tokens, self._chunk_cap(budget))
+            new_blocks = self.kv_cache_manager.allocate_slots(
+                request, num_new, hits, num_hit_tokens
+            )
+            if new_blocks is None:
+                break
+            self.waiting.pop()
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit_tokens
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit_tokens
+            self.running.append(request)
+            scheduled_new.append(request)
+            num_scheduled[request.request_id] = num_new
+            budget -= num_new
+
+        return self._make_output(scheduled_new, num_scheduled, new_block_ids)
+
+    def _make_output(
+        self,
+        scheduled_new: list[Request],
+        num_scheduled: dict[str, int],
+        new_block_ids: dict[str, list[int]],
+    ) -> SchedulerOutput:
+        new_ids = {r.request_id for r in scheduled_new}
+        new_reqs = [
+            NewRequestData(
+                req_id=r.request_id,
+                prompt_token_ids=r.prompt_token_ids,
+                output_token_ids=list(r.output_token_ids),
+                sampling_params=r.sampling_params,
+                block_ids=self.kv_cache_manager.get_block_ids(r.request_id),
+                num_computed_tokens=r.num_computed_tokens,
+            )
+            for r in scheduled_new
+        ]
+        cached_reqs = [
+            CachedRequestData(
+                req_id=req_id,
+                new_block_ids=new_block_ids[req_id],
+                num_computed_tokens=self.requests[req_id].num_computed_tokens,
+            )
+            for req_id in num_scheduled
+            if req_id not in new_ids
+        ]
+        total = sum(num_scheduled.values())
+        output = SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached_reqs,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=total,
+            finished_req_ids=self.finished_req_ids,
+        )
+        self.finished_req_ids = set()
+        for req_id, n in num_scheduled.items():
+            self.requests[req_id].num_computed_tokens += n
+        self._last_step_tokens = total
+        return output
+
+    def _chunk_cap(self, budget: int) -> int:
+        threshold = self.config.long_prefill_token_threshold
+        return min(budget, threshold) if threshold > 0 else budget
+
+    def _num_new_tokens(self, request: Request, budget: int) -> int:
+        return min(request.num_tokens_with_spec - request.num_computed_tokens, self._chunk_cap(budget))
+
+    def _pick_victim(self) -> Request:
+        if self.config.policy == "priority":
+            return max(self.running)
+        return self.running[-1]
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.spec_token_ids = []
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.finished_req_ids.add(request.request_id)
+        self.waiting.add_front(request)
+
+    # ---- after the model ran ---------------------------------------------------------------
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> EngineCoreOutputs:
+        outputs: list[EngineCoreOutput] = []
+        index = {req_id: i for i, req_id in enumerate(runner_output.req_ids)}
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished:
+                continue
+            sampled = runner_output.sampled_token_ids[index[req_id]] if req_id in index else []
+            new_tokens = self._append_and_check_stop(request, sampled)
+            prompt_lp = runner_output.prompt_logprobs.get(req_id)
+            if not new_tokens and prompt_lp is None:
+                continue
+            logprobs = runner_output.logprobs.get(req_id)
+            outputs.append(
+                EngineCoreOutput(
+                    request_id=req_id,
+                    new_token_ids=new_tokens,
+                    finish_reason=request.finish_reason,
+                    stop_reason=request.stop_reason,
+                    new_logprobs=LogprobsLists(*logprobs) if logprobs and new_tokens else None,
+                    new_prompt_logprobs=LogprobsLists(*prompt_lp) if prompt_lp else None,
+                    num_cached_tokens=max(request.num_cached_tokens, 0),
+                )
+            )
+            if request.is_finished:
+                self._free(request)
+        return EngineCoreOutputs(
+            outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time()
+        )
+
+    def _append_and_check_stop(self, request: Request, sampled: list[int]) -> list[int]:
+        """Append sampled tokens one by one, stopping at the first that ends the request."""
+        params = request.sampling_params
+        accepted = []
+        for token_id in sampled:
+            request.append_output_token_ids([token_id])
+            accepted.append(token_id)
+            n_out = request.num_output_tokens
+            if n_out >= params.min_tokens:
+                if not params.ignore_eos and token_id == request.eos_token_id:
+                    request.status = RequestStatus.FINISHED_STOPPED
+                elif token_id in params.all_stop_token_ids:
+                    request.status = RequestStatus.FINISHED_STOPPED
+                    request.stop_reason = token_id
+            if not request.is_finished and (
+                n_out >= request.max_tokens or request.num_tokens >= self.max_model_len
+            ):
+                request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            if request.is_finished:
+                if request in self.running:
+                    self.running.remove(request)
+                break
+        return accepted
+
+    def _free(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+
+    # ---- stats -------------------------------------------------------------------------
+
+    def make_stats(self) -> SchedulerStats:
+        pool = self.kv_cache_manager.pool
+        prefix = self.kv_cache_manager.prefix_stats
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=pool.usage,
+            num_blocks=pool.num_usable_blocks,
+            num_free_blocks=pool.num_free_blocks,
+            num_cached_free_blocks=pool.num_cached_free_blocks,
+            prefix_cache_queries=prefix.queries,
+            prefix_cache_hits=prefix.hits,
+            num_preemptions=self.num_preemptions,
+            step_num_tokens=self._last_step_tokens,
+        )

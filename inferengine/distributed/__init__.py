@@ -1,0 +1,1 @@
+"""Tensor-parallel groups and collectives (a single rank unless an executor sets more)."""

@@ -1,0 +1,1 @@
+"""The engine core step loop, its clients, and input/output processing."""

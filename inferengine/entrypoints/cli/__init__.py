@@ -1,0 +1,1 @@
+"""The `inferengine` command and its subcommands."""

@@ -1,0 +1,41 @@
+"""Every environment variable InferEngine reads, in one place.
+
+CLI defaults can be given as `INFERENGINE_<FLAG>` (e.g. `INFERENGINE_MAX_MODEL_LEN=4096`); the rest
+are for debugging. Nothing else in the package reads `os.environ`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CLI_PREFIX = "INFERENGINE_"
+
+
+def cli_default(flag_dest: str) -> str | None:
+    """The environment's value for a CLI flag (`max_model_len` -> `INFERENGINE_MAX_MODEL_LEN`)."""
+    return os.environ.get(CLI_PREFIX + flag_dest.upper())
+
+
+def cache_dir() -> Path:
+    """Where downloaded and converted models live (`INFERENGINE_CACHE_DIR`)."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "inferengine"
+    return Path(os.environ.get("INFERENGINE_CACHE_DIR", default))
+
+
+def log_level() -> str:
+    return os.environ.get("INFERENGINE_LOG_LEVEL", "INFO").upper()
+
+
+def hf_offline() -> bool:
+    """True when the Hugging Face hub must not be contacted (`HF_HUB_OFFLINE=1`)."""
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+
+
+def triton_interpret() -> bool:
+    """Triton kernels run in the CPU interpreter (`TRITON_INTERPRET=1`, set by kernel tests)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def engine_startup_timeout_s() -> float:
+    return float(os.environ.get("INFERENGINE_ENGINE_STARTUP_TIMEOUT", "900"))

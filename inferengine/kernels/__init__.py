@@ -1,0 +1,1 @@
+"""Triton kernels, each with a torch reference function beside it."""

@@ -1,0 +1,1 @@
+"""Prometheus instruments and the stats that feed them."""

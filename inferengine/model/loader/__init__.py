@@ -1,0 +1,1 @@
+"""Weight sources: local safetensors folders, hub ids, GGUF files, dummy weights, aliases."""

@@ -1,0 +1,131 @@
+"""`SamplingParams`: how one request is decoded, validated once when the request is made."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from inferengine.errors import InvalidRequestError
+
+_GREEDY_EPS = 1e-5
+
+
+class RequestOutputKind(IntEnum):
+    CUMULATIVE = 0  # every output carries all text so far
+    DELTA = 1  # every output carries only what is new
+    FINAL_ONLY = 2  # one output when the request finishes
+
+
+@dataclass
+class SamplingParams:
+    """Mirrors vLLM's `SamplingParams`; fields keep vLLM's names and defaults."""
+
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: no top-k
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # Filled by the engine: stop token ids from the model's generation config (besides EOS).
+    extra_stop_token_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        elif self.stop is None:
+            self.stop = []
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.logit_bias is not None:
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+        if self.top_k == -1:
+            self.top_k = 0
+        self._verify()
+
+    def _verify(self) -> None:
+        def bad(param: str, message: str) -> InvalidRequestError:
+            return InvalidRequestError(message, param=param)
+
+        if self.n < 1:
+            raise bad("n", f"n must be at least 1, got {self.n}.")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:
+                raise bad(name, f"{name} must be in [-2, 2], got {value}.")
+        if self.repetition_penalty <= 0.0:
+            raise bad(
+                "repetition_penalty",
+                f"repetition_penalty must be greater than 0, got {self.repetition_penalty}.",
+            )
+        if self.temperature < 0.0:
+            raise bad("temperature", f"temperature must be 0 or more, got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.top_k < 0:
+            raise bad("top_k", f"top_k must be -1 (off), 0 (off) or at least 1, got {self.top_k}.")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", f"min_p must be in [0, 1], got {self.min_p}.")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise bad("max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}.")
+        if self.min_tokens < 0:
+            raise bad("min_tokens", f"min_tokens must be 0 or more, got {self.min_tokens}.")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise bad(
+                "min_tokens",
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens}).",
+            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise bad(name, f"{name} must be 0 or more, got {value}.")
+        if any(not s for s in self.stop):
+            raise bad("stop", "stop strings must not be empty.")
+        if self.logit_bias:
+            for token_id, bias in self.logit_bias.items():
+                if not -100.0 <= bias <= 100.0:
+                    raise bad("logit_bias", f"logit_bias for token {token_id} must be in [-100, 100].")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**63:
+            raise bad("seed", "seed must fit in a signed 64-bit integer.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+    @property
+    def all_stop_token_ids(self) -> set[int]:
+        return set(self.stop_token_ids) | set(self.extra_stop_token_ids)
+
+    @property
+    def max_logprobs_needed(self) -> int:
+        return self.logprobs or 0
+
+    def verify_vocab(self, vocab_size: int) -> None:
+        """Token ids the caller named must exist in the model's vocabulary."""
+        for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", self.logit_bias)):
+            for token_id in ids or ():
+                if not 0 <= token_id < vocab_size:
+                    raise InvalidRequestError(
+                        f"{name} names token id {token_id}, outside the vocabulary [0, {vocab_size}).",
+                        param=name,
+                    )
+
+    def clone(self) -> SamplingParams:
+        return copy.deepcopy(self)

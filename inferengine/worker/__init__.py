@@ -1,0 +1,1 @@
+"""Device work: inputs from a `SchedulerOutput`, the forward pass, sampling, KV memory."""
