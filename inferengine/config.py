@@ -72,7 +72,9 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32, 64, 128):
-            raise ConfigError(f"--block-size must be one of 8, 16, 32, 64, 128; got {self.block_size}.")
+            raise ConfigError(
+                f"--block-size must be one of 8, 16, 32, 64, 128; got {self.block_size}."
+            )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(
                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}."

@@ -101,7 +101,9 @@ class SamplingParams:
         if self.logit_bias:
             for token_id, bias in self.logit_bias.items():
                 if not -100.0 <= bias <= 100.0:
-                    raise bad("logit_bias", f"logit_bias for token {token_id} must be in [-100, 100].")
+                    raise bad(
+                        "logit_bias", f"logit_bias for token {token_id} must be in [-100, 100]."
+                    )
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
             raise bad("seed", "seed must fit in a signed 64-bit integer.")
 

@@ -13,7 +13,9 @@ BlockHash = bytes
 ROOT_HASH: BlockHash = b"inferengine-root"
 
 
-def hash_block(parent: BlockHash, token_ids: list[int], extra_keys: tuple[str, ...] = ()) -> BlockHash:
+def hash_block(
+    parent: BlockHash, token_ids: list[int], extra_keys: tuple[str, ...] = ()
+) -> BlockHash:
     """A 128-bit digest of the parent hash, the block's token ids and its extra keys.
 
     The digest covers the whole chain, so equal hashes mean equal prefixes (up to a 2^-128

@@ -77,7 +77,9 @@ class KVCacheManager:
             self._cache_full_blocks(request, blocks, num_known // self.block_size)
         return new_blocks
 
-    def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_full: int) -> None:
+    def _cache_full_blocks(
+        self, request: Request, blocks: list[KVCacheBlock], num_full: int
+    ) -> None:
         start = self.num_cached_blocks.get(request.request_id, 0)
         num_full = min(num_full, len(request.block_hashes))
         for i in range(start, num_full):

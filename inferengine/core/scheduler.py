@@ -235,7 +235,9 @@ class Scheduler:
         return min(budget, threshold) if threshold > 0 else budget
 
     def _num_new_tokens(self, request: Request, budget: int) -> int:
-        return min(request.num_tokens_with_spec - request.num_computed_tokens, self._chunk_cap(budget))
+        return min(
+            request.num_tokens_with_spec - request.num_computed_tokens, self._chunk_cap(budget)
+        )
 
     def _pick_victim(self) -> Request:
         if self.config.policy == "priority":
