@@ -26,11 +26,7 @@ class LogprobsLists(msgspec.Struct, array_like=True):
     token_ids: list[list[int]]
     logprobs: list[list[float]]
     ranks: list[int]  # rank of the chosen token in the full distribution (1 = most likely)
-
-    def slice(self, start: int, stop: int) -> LogprobsLists:
-        return LogprobsLists(
-            self.token_ids[start:stop], self.logprobs[start:stop], self.ranks[start:stop]
-        )
+    start: int = 0  # prompt logprobs: the prompt position whose logits give the first row
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

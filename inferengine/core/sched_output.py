@@ -17,6 +17,7 @@ class NewRequestData:
     prompt_token_ids: list[int]
     output_token_ids: list[int]  # non-empty when resuming after a preemption
     sampling_params: SamplingParams
+    eos_token_id: int | None
     block_ids: list[int]
     num_computed_tokens: int
 
@@ -52,6 +53,7 @@ class ModelRunnerOutput:
     logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int]]] = field(
         default_factory=dict
     )
-    prompt_logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int]]] = field(
+    # req -> (token ids, logprobs, ranks, first prompt position) for a chunk of prompt positions
+    prompt_logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int], int]] = field(
         default_factory=dict
     )

@@ -202,6 +202,7 @@ class Scheduler:
                 prompt_token_ids=r.prompt_token_ids,
                 output_token_ids=list(r.output_token_ids),
                 sampling_params=r.sampling_params,
+                eos_token_id=r.eos_token_id,
                 block_ids=self.kv_cache_manager.get_block_ids(r.request_id),
                 num_computed_tokens=r.num_computed_tokens,
             )

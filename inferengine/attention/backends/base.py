@@ -1,0 +1,35 @@
+"""The attention backend interface: store new K/V into the pages, then attend over them."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from inferengine.attention.metadata import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    sliding_window: int | None = None
+
+
+class AttentionBackend(ABC):
+    name: str
+
+    @abstractmethod
+    def forward(
+        self,
+        spec: AttentionSpec,
+        query: torch.Tensor,  # [T, Hq, D]
+        key: torch.Tensor,  # [T, Hkv, D]
+        value: torch.Tensor,  # [T, Hkv, D]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D]
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        """Write `key`/`value` into their slots, then attend each query over its context."""

@@ -1,0 +1,82 @@
+"""The reference attention backend in plain torch: clear, slow, runs anywhere.
+
+It gathers each sequence's pages into a dense K/V and calls SDPA with an explicit causal mask;
+the Triton kernels are tested against it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from inferengine.attention.backends.base import AttentionBackend, AttentionSpec
+from inferengine.attention.metadata import AttentionMetadata
+
+
+def store_kv_torch(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Write K/V rows into their flat slots, skipping padded tokens (slot −1)."""
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid]
+    flat[0, slots] = key[: slot_mapping.shape[0]][valid]
+    flat[1, slots] = value[: slot_mapping.shape[0]][valid]
+
+
+def gather_kv(
+    kv_cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's K and V, [seq_len, Hkv, D] each, read through its block table."""
+    block_size = kv_cache.shape[2]
+    num_blocks = -(-seq_len // block_size)
+    pages = kv_cache[:, block_ids[:num_blocks].long()]  # [2, n, bs, H, D]
+    pages = pages.flatten(1, 2)[:, :seq_len]
+    return pages[0], pages[1]
+
+
+def causal_mask(
+    q_len: int, seq_len: int, sliding_window: int | None, device: torch.device
+) -> torch.Tensor:
+    """[q_len, seq_len] True where query i (at position seq_len − q_len + i) may see key j."""
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=device).unsqueeze(1)
+    k_pos = torch.arange(seq_len, device=device).unsqueeze(0)
+    mask = k_pos <= q_pos
+    if sliding_window is not None:
+        mask &= k_pos > q_pos - sliding_window
+    return mask
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+
+    def forward(
+        self,
+        spec: AttentionSpec,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        store_kv_torch(key, value, kv_cache, metadata.slot_mapping)
+        out = torch.zeros_like(query)
+        starts = metadata.query_start_loc_cpu
+        seq_lens = metadata.seq_lens_cpu
+        if starts is None or seq_lens is None:
+            starts = metadata.query_start_loc.tolist()
+            seq_lens = metadata.seq_lens.tolist()
+        group = spec.num_heads // spec.num_kv_heads
+        for i, seq_len in enumerate(seq_lens):
+            q_start, q_end = starts[i], starts[i + 1]
+            if q_end == q_start:
+                continue
+            k, v = gather_kv(kv_cache, metadata.block_table[i], seq_len)
+            q = query[q_start:q_end].transpose(0, 1)  # [Hq, q_len, D]
+            k = k.transpose(0, 1).repeat_interleave(group, dim=0)  # [Hq, seq_len, D]
+            v = v.transpose(0, 1).repeat_interleave(group, dim=0)
+            mask = causal_mask(q_end - q_start, seq_len, spec.sliding_window, query.device)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=spec.scale)
+            out[q_start:q_end] = o.transpose(0, 1)
+        return out

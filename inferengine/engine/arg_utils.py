@@ -1,0 +1,213 @@
+"""`EngineArgs`: the engine's user-facing settings, shared by `LLM(...)` and the CLI flags.
+
+`create_engine_config()` resolves the model to a local folder, picks the device and dtype and
+fills defaults, giving the typed `EngineConfig` the engine runs on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from dataclasses import dataclass, fields
+from typing import Any
+
+from inferengine import envs
+from inferengine.config import (
+    ATTENTION_BACKENDS,
+    DTYPES,
+    LOAD_FORMATS,
+    SCHEDULING_POLICIES,
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+)
+from inferengine.errors import ConfigError
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+_DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32"}
+_HELP = {
+    "model": "model: an alias (smollm2-135m-instruct), a local folder, a .gguf file or a hub id",
+    "tokenizer": "tokenizer folder or hub id (default: the model's)",
+    "dtype": "weights and activations dtype; auto = bfloat16 on CUDA, float32 on CPU",
+    "max_model_len": "longest prompt + output, in tokens (default: the model's context length)",
+    "max_num_seqs": "most requests in one step",
+    "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes)",
+    "enable_prefix_caching": "reuse the KV pages of shared prompt prefixes",
+    "gpu_memory_utilization": "fraction of GPU memory for weights, activations and KV cache",
+    "kv_cache_memory": "bytes for the KV cache, e.g. 2GiB (default on CPU: 1GiB)",
+    "block_size": "tokens per KV page",
+    "seed": "seed for weights (dummy), and for requests without their own seed",
+    "load_format": "weights: auto (safetensors or GGUF), or dummy (random, for benchmarks)",
+    "device": "auto, cuda or cpu",
+    "attention_backend": "attention implementation",
+    "enforce_eager": "no CUDA graphs",
+    "long_prefill_token_threshold": "cap on one request's prefill chunk per step (0: none)",
+    "scheduling_policy": "fcfs, or priority (lower `priority` value first)",
+    "tensor_parallel_size": "GPUs to split the model over",
+    "served_model_name": "the model name clients send and see (default: --model)",
+}
+
+
+@dataclass
+class EngineArgs:
+    model: str = DEFAULT_MODEL
+    tokenizer: str | None = None
+    revision: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory: int | None = None
+    block_size: int = 16
+    seed: int = 0
+    load_format: str = "auto"
+    device: str = "auto"
+    attention_backend: str = "auto"
+    attention_backend_benchmark: bool = False
+    enforce_eager: bool = False
+    long_prefill_token_threshold: int = 0
+    scheduling_policy: str = "fcfs"
+    tensor_parallel_size: int = 1
+    num_gpu_blocks_override: int | None = None
+    max_waiting_requests: int | None = None
+    async_scheduling: bool = False
+    served_model_name: str | None = None
+
+    def create_engine_config(self) -> EngineConfig:
+        from inferengine.model.loader.resolve import resolve_model
+
+        dtype_name = _DTYPE_ALIASES.get(self.dtype, self.dtype)
+        if dtype_name not in DTYPES:
+            raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}.")
+        device = _resolve_device(self.device)
+        if dtype_name == "auto":
+            dtype_name = "bfloat16" if device == "cuda" else "float32"
+        resolved = resolve_model(self.model, self.load_format, self.revision)
+        hf = resolved.hf_config
+        context_len = int(hf.get("max_position_embeddings") or 2048)
+        max_model_len = self.max_model_len or context_len
+        if max_model_len < 1:
+            raise ConfigError(f"--max-model-len must be at least 1, got {max_model_len}.")
+        budget = self.max_num_batched_tokens or (8192 if device == "cuda" else 2048)
+        model_config = ModelConfig(
+            model=self.model,
+            model_path=str(resolved.path),
+            hf_config=hf,
+            dtype=dtype_name,
+            max_model_len=max_model_len,
+            tokenizer=self.tokenizer or str(resolved.path),
+            load_format=resolved.load_format,
+            seed=self.seed,
+            served_model_name=self.served_model_name,
+            generation_config=resolved.generation_config,
+        )
+        return EngineConfig(
+            model_config=model_config,
+            cache_config=CacheConfig(
+                block_size=self.block_size,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                kv_cache_memory=self.kv_cache_memory,
+                enable_prefix_caching=self.enable_prefix_caching,
+                num_gpu_blocks_override=self.num_gpu_blocks_override,
+            ),
+            scheduler_config=SchedulerConfig(
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=budget,
+                max_model_len=max_model_len,
+                long_prefill_token_threshold=self.long_prefill_token_threshold,
+                policy=self.scheduling_policy,
+                max_waiting_requests=self.max_waiting_requests,
+                async_scheduling=self.async_scheduling,
+            ),
+            parallel_config=ParallelConfig(self.tensor_parallel_size),
+            device=device,
+            attention_backend=self.attention_backend,
+            attention_backend_benchmark=self.attention_backend_benchmark,
+            enforce_eager=self.enforce_eager or device != "cuda",
+        )
+
+    # ---- CLI ---------------------------------------------------------------------------
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser, model_positional: bool = True) -> None:
+        """Flags in vLLM's spelling; each default can also come from `INFERENGINE_<FLAG>`."""
+        choices = {
+            "dtype": [*DTYPES, *_DTYPE_ALIASES],
+            "load_format": LOAD_FORMATS,
+            "attention_backend": ATTENTION_BACKENDS,
+            "scheduling_policy": SCHEDULING_POLICIES,
+            "device": ("auto", "cuda", "cpu"),
+        }
+        for f in fields(cls):
+            default = _env_default(f) if envs.cli_default(f.name) is not None else f.default
+            flag = "--" + f.name.replace("_", "-")
+            help_text = _HELP.get(f.name, "")
+            if f.name == "model" and model_positional:
+                parser.add_argument("model", nargs="?", default=default, help=help_text)
+                continue
+            if f.type == "bool":
+                parser.add_argument(
+                    flag, action=argparse.BooleanOptionalAction, default=default, help=help_text
+                )
+                continue
+            kind = _parse_bytes if f.name == "kv_cache_memory" else _arg_type(f.type)
+            parser.add_argument(
+                flag, type=kind, default=default, choices=choices.get(f.name), help=help_text
+            )
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+    def replace(self, **changes: Any) -> EngineArgs:
+        return dataclasses.replace(self, **changes)
+
+
+def _resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for, but torch sees no CUDA device.")
+    if device not in ("cuda", "cpu"):
+        raise ConfigError(f"--device must be auto, cuda or cpu; got {device!r}.")
+    return device
+
+
+def _arg_type(type_name: str):
+    if "int" in type_name:
+        return int
+    if "float" in type_name:
+        return float
+    return str
+
+
+def _env_default(f: dataclasses.Field) -> Any:
+    raw = envs.cli_default(f.name)
+    assert raw is not None
+    if f.type == "bool":
+        return raw.lower() in ("1", "true", "yes", "on")
+    if f.name == "kv_cache_memory":
+        return _parse_bytes(raw)
+    try:
+        return _arg_type(str(f.type))(raw)
+    except ValueError as e:
+        raise ConfigError(f"INFERENGINE_{f.name.upper()}={raw!r} is not a valid value.") from e
+
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9}
+_UNITS |= {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
+def _parse_bytes(text: str) -> int:
+    """'2GiB', '512MB', '1000000' -> bytes."""
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not match or match.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 2GiB, 512MB or 1000000")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])

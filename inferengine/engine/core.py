@@ -1,0 +1,120 @@
+"""`EngineCore`: the step loop: schedule, execute, update. Token ids in, token ids out.
+
+Runs in-process (for `LLM` and tests) or in its own process behind `core_client` (the server).
+"""
+
+from __future__ import annotations
+
+import time
+
+from inferengine.config import EngineConfig
+from inferengine.core.engine_io import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from inferengine.core.request import FinishReason, Request, RequestStatus
+from inferengine.core.scheduler import Scheduler
+from inferengine.errors import ConfigError
+from inferengine.executor.uniproc import UniprocExecutor
+from inferengine.logger import init_logger
+
+logger = init_logger(__name__)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig):
+        start = time.perf_counter()
+        self.config = config
+        self.executor = UniprocExecutor(config)
+        num_blocks = self.executor.determine_num_blocks()
+        self._check_capacity(num_blocks)
+        config.cache_config.num_blocks = num_blocks
+        self.executor.initialize_cache(num_blocks)
+        self.scheduler = Scheduler(config.scheduler_config, config.cache_config)
+        self._pending_errors: dict[str, str] = {}
+        self._pending_outputs: list[EngineCoreOutput] = []
+        logger.info("engine core ready in %.2f s", time.perf_counter() - start)
+
+    def _check_capacity(self, num_blocks: int) -> None:
+        cc, sc = self.config.cache_config, self.config.scheduler_config
+        usable_tokens = max(0, num_blocks - 1) * cc.block_size
+        flag = "--gpu-memory-utilization" if self.config.device == "cuda" else "--kv-cache-memory"
+        if usable_tokens < sc.max_model_len:
+            raise ConfigError(
+                f"the KV cache holds {usable_tokens} tokens ({num_blocks} pages of "
+                f"{cc.block_size}), fewer than one request of --max-model-len "
+                f"{sc.max_model_len}. Lower --max-model-len to {usable_tokens} or less, or "
+                f"give the cache more memory with {flag}."
+            )
+        logger.info(
+            "KV cache: %d pages of %d tokens (%d tokens); up to %.1f requests of "
+            "max_model_len=%d at once",
+            num_blocks - 1,
+            cc.block_size,
+            usable_tokens,
+            usable_tokens / sc.max_model_len,
+            sc.max_model_len,
+        )
+
+    # ---- requests ----------------------------------------------------------------------
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a request; one the engine cannot serve is finished at once with an error."""
+        error = self._validate(request)
+        if error is not None:
+            self._pending_errors[request.request_id] = error
+            self._pending_outputs.append(
+                EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ABORT)
+            )
+            return
+        self.scheduler.add_request(
+            Request(
+                request_id=request.request_id,
+                prompt_token_ids=request.prompt_token_ids,
+                sampling_params=request.sampling_params,
+                eos_token_id=request.eos_token_id,
+                arrival_time=request.arrival_time or None,
+                priority=request.priority,
+                cache_salt=request.cache_salt,
+            )
+        )
+
+    def _validate(self, request: EngineCoreRequest) -> str | None:
+        n = len(request.prompt_token_ids)
+        max_len = self.config.scheduler_config.max_model_len
+        vocab = self.config.model_config.vocab_size
+        if n == 0:
+            return "the prompt is empty; send at least one token."
+        if n > max_len:
+            return f"the prompt has {n} tokens, more than max_model_len ({max_len})."
+        if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= vocab:
+            return f"the prompt has token ids outside the vocabulary [0, {vocab})."
+        if request.request_id in self.scheduler.requests:
+            return f"request id {request.request_id!r} is already in use."
+        return None
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    # ---- the loop ----------------------------------------------------------------------
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or bool(self._pending_outputs)
+
+    def step(self) -> EngineCoreOutputs:
+        if self.scheduler.has_unfinished_requests():
+            scheduler_output = self.scheduler.schedule()
+            runner_output = self.executor.execute_model(scheduler_output)
+            outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        else:
+            outputs = EngineCoreOutputs(
+                scheduler_stats=self.scheduler.make_stats(), timestamp=time.time()
+            )
+        if self._pending_outputs:
+            outputs.outputs.extend(self._pending_outputs)
+            outputs.errors = self._pending_errors
+            self._pending_outputs, self._pending_errors = [], {}
+        return outputs
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.kv_cache_manager.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

@@ -1,0 +1,92 @@
+"""`LLMEngine`: the synchronous engine behind `LLM`: prompts in, `RequestOutput`s out.
+
+Input processing and output processing happen here; the engine core (in this process) sees
+token ids only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inferengine.config import EngineConfig
+from inferengine.engine.core import EngineCore
+from inferengine.engine.input_processor import InputProcessor, PromptType, load_tokenizer
+from inferengine.engine.output_processor import OutputProcessor, ParentRequest
+from inferengine.outputs import RequestOutput
+from inferengine.sampling_params import SamplingParams
+
+
+def child_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The settings of sample `index` of an `n > 1` request: its own seed, n = 1."""
+    child = params.clone()
+    child.n = 1
+    if params.seed is not None:
+        child.seed = params.seed + index
+    return child
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.tokenizer = load_tokenizer(
+            config.model_config.tokenizer or config.model_config.model_path
+        )
+        self.input_processor = InputProcessor(config.model_config, self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.core = EngineCore(config)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> None:
+        text, token_ids = self.input_processor.tokenize(prompt)
+        n = params.n
+        parent = ParentRequest(request_id, n, params.output_kind) if n > 1 else None
+        requests = []
+        for index in range(n):
+            sub_id = f"{index}_{request_id}" if parent else request_id
+            sub_params = child_params(params, index) if parent else params
+            requests.append(
+                (
+                    sub_id,
+                    index,
+                    self.input_processor.make_request(
+                        sub_id, token_ids, sub_params, priority=priority, cache_salt=cache_salt
+                    ),
+                )
+            )
+        for sub_id, index, core_request in requests:
+            self.output_processor.add_request(
+                sub_id,
+                text,
+                token_ids,
+                core_request.sampling_params,
+                core_request.arrival_time,
+                parent,
+                index,
+            )
+            self.core.add_request(core_request)
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        self.output_processor.abort(request_ids)
+        self.core.abort_requests(request_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        core_outputs = self.core.step()
+        outputs, to_abort = self.output_processor.process_outputs(
+            core_outputs.outputs, core_outputs.errors
+        )
+        if to_abort:
+            self.core.abort_requests(to_abort)
+        self.last_stats = core_outputs.scheduler_stats
+        return outputs
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer

@@ -1,0 +1,165 @@
+"""`LLM`: offline batch generation, shaped like vLLM's `LLM` so code can switch over unchanged."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from inferengine.engine.arg_utils import DEFAULT_MODEL, EngineArgs
+from inferengine.engine.input_processor import PromptType
+from inferengine.engine.llm_engine import LLMEngine
+from inferengine.errors import InvalidRequestError
+from inferengine.outputs import RequestOutput
+from inferengine.sampling_params import RequestOutputKind, SamplingParams
+
+Conversation = list[dict[str, Any]]
+
+
+class LLM:
+    """Generate from many prompts at once with continuous batching.
+
+    >>> llm = LLM()  # the default model, smollm2-135m-instruct
+    >>> llm.generate(["The capital of France is"], SamplingParams(max_tokens=8))
+    """
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        tokenizer: str | None = None,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int | None = None,
+        enable_prefix_caching: bool = True,
+        seed: int = 0,
+        **kwargs: Any,
+    ):
+        args = EngineArgs(
+            model=model,
+            tokenizer=tokenizer,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=enable_prefix_caching,
+            seed=seed,
+            **kwargs,
+        )
+        self.engine_args = args
+        self.llm_engine = LLMEngine(args.create_engine_config())
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: list[int] | None = None,
+    ) -> list[RequestOutput]:
+        """One `RequestOutput` per prompt, in the order given."""
+        prompt_list = _as_prompt_list(prompts)
+        params_list = _as_params_list(sampling_params, len(prompt_list))
+        if priority is not None and len(priority) != len(prompt_list):
+            raise InvalidRequestError("priority must have one entry per prompt.")
+        return self._run(prompt_list, params_list, use_tqdm, priority)
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> list[RequestOutput]:
+        """Generate replies to conversations, each formatted with the model's chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        processor = self.llm_engine.input_processor
+        prompts = [
+            processor.chat_prompt(
+                list(conv),
+                add_generation_prompt=add_generation_prompt,
+                chat_template=chat_template,
+                **template_kwargs,
+            )
+            for conv in conversations
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run(
+        self,
+        prompts: list[PromptType],
+        params: list[SamplingParams],
+        use_tqdm: bool,
+        priority: list[int] | None,
+    ) -> list[RequestOutput]:
+        engine = self.llm_engine
+        # Tokenize and check everything first, so a bad prompt fails before any request starts.
+        prepared = []
+        for prompt, p in zip(prompts, params, strict=True):
+            text, token_ids = engine.input_processor.tokenize(prompt)
+            engine.input_processor.validate(token_ids, p)
+            prepared.append({"prompt": text, "prompt_token_ids": token_ids})
+        request_ids = []
+        for i, (prompt, p) in enumerate(zip(prepared, params, strict=True)):
+            p = p.clone()
+            p.output_kind = RequestOutputKind.FINAL_ONLY
+            request_id = str(next(self._ids))
+            engine.add_request(request_id, prompt, p, priority=priority[i] if priority else 0)
+            request_ids.append(request_id)
+        results: dict[str, RequestOutput] = {}
+        bar = _progress_bar(len(prompts)) if use_tqdm and len(prompts) > 1 else None
+        start, num_out = time.perf_counter(), 0
+        try:
+            while len(results) < len(request_ids):
+                for output in engine.step():
+                    if output.finished:
+                        results[output.request_id] = output
+                        num_out += sum(len(c.token_ids) for c in output.outputs)
+                        if bar is not None:
+                            rate = num_out / max(time.perf_counter() - start, 1e-9)
+                            bar.set_postfix_str(f"{rate:.1f} output tok/s", refresh=False)
+                            bar.update(1)
+        except BaseException:
+            engine.abort_request([r for r in request_ids if r not in results])
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [results[r] for r in request_ids]
+
+
+def _progress_bar(total: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)
+
+
+def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+    if isinstance(prompts, str | dict):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # one prompt of token ids
+    return prompts
+
+
+def _as_params_list(
+    params: SamplingParams | Sequence[SamplingParams] | None, n: int
+) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams() for _ in range(n)]
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    params = list(params)
+    if len(params) != n:
+        raise InvalidRequestError(
+            f"got {len(params)} SamplingParams for {n} prompts; give one, or one per prompt."
+        )
+    return params

@@ -1,0 +1,28 @@
+"""The single-device executor: one `Worker` in this process."""
+
+from __future__ import annotations
+
+from inferengine.config import EngineConfig
+from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from inferengine.worker.worker import Worker
+
+
+class UniprocExecutor:
+    def __init__(self, config: EngineConfig):
+        self.worker = Worker(config)
+
+    def determine_num_blocks(self) -> int:
+        return self.worker.determine_num_blocks()
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.worker.initialize_cache(num_blocks)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.worker.execute_model(scheduler_output)
+
+    @property
+    def attention_backend_name(self) -> str:
+        return self.worker.attn_backend.name
+
+    def shutdown(self) -> None:
+        pass

@@ -1,0 +1,128 @@
+"""Linear layers with vLLM's names, each parameter carrying a `weight_loader` for HF shards.
+
+Column-parallel layers split output features across tensor-parallel ranks, row-parallel ones
+split input features and all-reduce. With one rank they are plain `F.linear`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inferengine.distributed.parallel_state import get_tp_rank, get_tp_size, tp_all_reduce
+
+
+def _param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(
+            f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}"
+        )
+    param.data.copy_(loaded)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x Wᵀ + b with W's rows (output features) split across ranks."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False):
+        super().__init__()
+        tp = get_tp_size()
+        for size in output_sizes:
+            if size % tp:
+                raise ValueError(
+                    f"output size {size} is not divisible by tensor parallel size {tp}"
+                )
+        self.output_sizes = [s // tp for s in output_sizes]  # per-rank shard sizes
+        self.weight = _param(sum(self.output_sizes), input_size)
+        self.weight.weight_loader = self.weight_loader
+        self.bias = _param(sum(self.output_sizes)) if bias else None
+        if self.bias is not None:
+            self.bias.weight_loader = self.weight_loader
+
+    def shard_offset(self, shard_id: int) -> int:
+        return sum(self.output_sizes[:shard_id])
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | None = None
+    ) -> None:
+        """Copy this rank's rows of one checkpoint tensor (shard `shard_id`) into place."""
+        if shard_id is None:
+            if len(self.output_sizes) != 1:
+                raise ValueError("a merged layer needs a shard id for each checkpoint tensor")
+            shard_id = 0
+        size = self.output_sizes[shard_id]
+        rank_rows = loaded.narrow(0, get_tp_rank() * size, size)
+        target = param.data.narrow(0, self.shard_offset(shard_id), size)
+        if target.shape != rank_rows.shape:
+            raise ValueError(
+                f"shape mismatch: parameter shard {tuple(target.shape)}, "
+                f"checkpoint {tuple(rank_rows.shape)}"
+            )
+        target.copy_(rank_rows)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel projections of the same input in one matmul (e.g. gate and up)."""
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Query, key and value projections in one matmul; shard ids are "q", "k", "v"."""
+
+    SHARD_IDS = {"q": 0, "k": 1, "v": 2}
+
+    def __init__(
+        self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool
+    ):
+        tp = get_tp_size()
+        if num_kv_heads % tp and tp % num_kv_heads:
+            raise ValueError(f"{num_kv_heads} KV heads cannot be split over {tp} ranks")
+        # With more ranks than KV heads, each rank keeps one (replicated) KV head.
+        self.kv_replicas = max(1, tp // num_kv_heads)
+        kv_total = num_kv_heads * self.kv_replicas
+        super().__init__(
+            hidden_size, [num_heads * head_dim, kv_total * head_dim, kv_total * head_dim], bias
+        )
+        self.head_dim = head_dim
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | str | None = None
+    ) -> None:
+        index = self.SHARD_IDS[shard_id] if isinstance(shard_id, str) else shard_id
+        if index and self.kv_replicas > 1:
+            loaded = loaded.repeat_interleave(self.kv_replicas, dim=0)
+        super().weight_loader(param, loaded, index)
+
+
+class RowParallelLinear(nn.Module):
+    """y = x Wᵀ + b with W's columns (input features) split across ranks, then all-reduced."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        super().__init__()
+        tp = get_tp_size()
+        if input_size % tp:
+            raise ValueError(
+                f"input size {input_size} is not divisible by tensor parallel size {tp}"
+            )
+        self.input_size = input_size // tp
+        self.weight = _param(output_size, self.input_size)
+        self.weight.weight_loader = self.weight_loader
+        self.bias = _param(output_size) if bias else None
+        if self.bias is not None:
+            self.bias.weight_loader = default_weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        cols = loaded.narrow(1, get_tp_rank() * self.input_size, self.input_size)
+        default_weight_loader(param, cols)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        y = tp_all_reduce(y)
+        # The bias is added once, after the reduction.
+        return y if self.bias is None else y + self.bias

@@ -1,0 +1,137 @@
+"""Rotary position embedding (NeoX half-rotation, as Llama/Qwen/Mistral use) and its scalings.
+
+Supported `rope_type`s: default, linear, llama3, yarn. The cos/sin table is computed once in
+float32 for every position up to `max_position`, with the same arithmetic as Transformers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from inferengine.errors import ModelLoadError
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def rope_parameters(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """`rope_theta` plus the scaling dict, from old (`rope_scaling`) or new (`rope_parameters`)
+    style configs."""
+    params = dict(hf_config.get("rope_parameters") or {})
+    scaling = hf_config.get("rope_scaling") or {}
+    params.update(scaling)
+    if "type" in params and "rope_type" not in params:
+        params["rope_type"] = params.pop("type")
+    params.setdefault("rope_type", "default")
+    params.setdefault("rope_theta", hf_config.get("rope_theta", 10000.0))
+    if params["rope_type"] not in SUPPORTED_ROPE_TYPES:
+        raise ModelLoadError(
+            f"rope_scaling type {params['rope_type']!r} is not supported; supported types are "
+            f"{', '.join(SUPPORTED_ROPE_TYPES)}. Remove `rope_scaling` from config.json to run "
+            "with the model's original context length."
+        )
+    return params
+
+
+def _inv_freq(dim: int, base: float) -> torch.Tensor:
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
+    return 1.0 / (base**exponents)
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
+    factor = params["factor"]
+    low, high = params["low_freq_factor"], params["high_freq_factor"]
+    old_len = params["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_inv_freq(
+    dim: int, base: float, params: dict[str, Any], max_position: int
+) -> tuple[torch.Tensor, float]:
+    factor = params.get("factor") or 1.0
+    old_len = params.get("original_max_position_embeddings") or max_position
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+        attention_factor = (
+            mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+        )
+    beta_fast = params.get("beta_fast") or 32
+    beta_slow = params.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(torch.float32) / dim)
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (
+        1.0 / pos_freqs
+    ) * extrapolation
+    return inv_freq, float(attention_factor)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(
+        self,
+        head_dim: int,
+        max_position: int,
+        hf_config: dict[str, Any],
+        rotary_dim: int | None = None,
+    ):
+        super().__init__()
+        params = rope_parameters(hf_config)
+        self.head_dim = head_dim
+        self.rotary_dim = rotary_dim or head_dim
+        base = float(params["rope_theta"])
+        scale = 1.0
+        kind = params["rope_type"]
+        inv_freq = _inv_freq(self.rotary_dim, base)
+        if kind == "linear":
+            inv_freq = inv_freq / params["factor"]
+        elif kind == "llama3":
+            inv_freq = _llama3_inv_freq(inv_freq, params)
+        elif kind == "yarn":
+            inv_freq, scale = _yarn_inv_freq(self.rotary_dim, base, params, max_position)
+        positions = torch.arange(max_position, dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq)
+        # [max_position, rotary_dim]: cos for the first half, sin for the second.
+        cache = torch.cat([freqs.cos() * scale, freqs.sin() * scale], dim=-1)
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """query [T, Hq·D], key [T, Hkv·D] → rotated copies."""
+        cos_sin = self.cos_sin_cache[positions]
+        cos, sin = cos_sin.chunk(2, dim=-1)
+        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.view(shape[0], -1, self.head_dim)
+        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        cos = torch.cat([cos, cos], dim=-1).unsqueeze(1).to(x.dtype)
+        sin = torch.cat([sin, sin], dim=-1).unsqueeze(1).to(x.dtype)
+        x1, x2 = rot.chunk(2, dim=-1)
+        rotated = rot * cos + torch.cat([-x2, x1], dim=-1) * sin
+        return torch.cat([rotated, rest], dim=-1).reshape(shape)

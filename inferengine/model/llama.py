@@ -1,0 +1,244 @@
+"""Llama-style decoder (Llama 2/3/3.1/3.2, Mistral, Qwen2, Qwen3): one class, flags per family.
+
+The forward is engine-shaped: flattened tokens of many sequences, their positions, paged KV
+caches and an `AttentionMetadata`; it returns hidden states, and `compute_logits` turns the rows
+the caller picks into logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from inferengine.attention.backends.base import AttentionBackend
+from inferengine.attention.layer import Attention
+from inferengine.attention.metadata import AttentionMetadata
+from inferengine.distributed.parallel_state import get_tp_size
+from inferengine.model.layers.activation import SiluAndMul
+from inferengine.model.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from inferengine.model.layers.norm import RMSNorm
+from inferengine.model.layers.rotary import RotaryEmbedding
+from inferengine.model.layers.vocab import ParallelLMHead, VocabParallelEmbedding
+from inferengine.model.weights import load_named_weights
+
+
+@dataclass(frozen=True)
+class ModelInit:
+    """What every model class is built from (the argument of `register_model` classes)."""
+
+    hf_config: dict[str, Any]
+    attn_backend: AttentionBackend
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    sliding_window: int | None
+
+    @classmethod
+    def from_hf(cls, c: dict[str, Any], *, qkv_bias: bool = False, qk_norm: bool = False):
+        num_heads = c["num_attention_heads"]
+        attention_bias = bool(c.get("attention_bias", False))
+        use_sliding = c.get("use_sliding_window", True)  # Qwen2 keeps a flag beside the size
+        return cls(
+            vocab_size=c["vocab_size"],
+            hidden_size=c["hidden_size"],
+            intermediate_size=c["intermediate_size"],
+            num_layers=c["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=c.get("num_key_value_heads") or num_heads,
+            head_dim=c.get("head_dim") or c["hidden_size"] // num_heads,
+            rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+            max_position=c.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+            qkv_bias=qkv_bias or attention_bias,
+            o_bias=attention_bias,
+            mlp_bias=bool(c.get("mlp_bias", False)),
+            qk_norm=qk_norm,
+            sliding_window=c.get("sliding_window") if use_sliding else None,
+        )
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, spec: DecoderSpec, hf_config: dict[str, Any], backend: AttentionBackend):
+        super().__init__()
+        tp = get_tp_size()
+        self.num_heads = spec.num_heads // tp
+        self.num_kv_heads = max(1, spec.num_kv_heads // tp)
+        self.head_dim = spec.head_dim
+        self.q_size = self.num_heads * spec.head_dim
+        self.kv_size = self.num_kv_heads * spec.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.qkv_bias
+        )
+        self.o_proj = RowParallelLinear(
+            spec.num_heads * spec.head_dim, spec.hidden_size, spec.o_bias
+        )
+        self.rotary_emb = RotaryEmbedding(spec.head_dim, spec.max_position, hf_config)
+        self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.attn = Attention(
+            backend,
+            self.num_heads,
+            self.num_kv_heads,
+            spec.head_dim,
+            spec.head_dim**-0.5,
+            spec.sliding_window,
+        )
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None and self.k_norm is not None:
+            n = q.shape[0]
+            q = self.q_norm(q.reshape(n, -1, self.head_dim)).view(n, self.q_size)
+            k = self.k_norm(k.reshape(n, -1, self.head_dim)).view(n, self.kv_size)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v.contiguous(), kv_cache, metadata))
+
+
+class DecoderMLP(nn.Module):
+    def __init__(self, spec: DecoderSpec):
+        super().__init__()
+        size = spec.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(
+            spec.hidden_size, [size, size], spec.mlp_bias
+        )
+        self.down_proj = RowParallelLinear(size, spec.hidden_size, spec.mlp_bias)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: DecoderSpec, hf_config: dict[str, Any], backend: AttentionBackend):
+        super().__init__()
+        self.self_attn = DecoderAttention(spec, hf_config, backend)
+        self.mlp = DecoderMLP(spec)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_cache, metadata)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, spec: DecoderSpec, hf_config: dict[str, Any], backend: AttentionBackend):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(spec, hf_config, backend) for _ in range(spec.num_layers)
+        )
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden, residual = layer(positions, hidden, residual, kv_cache, metadata)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    """Also Mistral; Qwen2 and Qwen3 set their flags in subclasses."""
+
+    qkv_bias = False
+    qk_norm = False
+    # HF checkpoint name -> (our parameter name, shard id)
+    stacked_params = (
+        ("q_proj", "qkv_proj", "q"),
+        ("k_proj", "qkv_proj", "k"),
+        ("v_proj", "qkv_proj", "v"),
+        ("gate_proj", "gate_up_proj", 0),
+        ("up_proj", "gate_up_proj", 1),
+    )
+
+    def __init__(self, init: ModelInit):
+        super().__init__()
+        self.hf_config = init.hf_config
+        self.spec = DecoderSpec.from_hf(
+            init.hf_config, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm
+        )
+        self.model = DecoderModel(self.spec, init.hf_config, init.attn_backend)
+        self.lm_head = ParallelLMHead(self.spec.vocab_size, self.spec.hidden_size)
+        if self.spec.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, metadata)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.compute_logits(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        skip = ("rotary_emb.inv_freq",)
+        if self.spec.tie_word_embeddings:
+            skip += ("lm_head.weight",)
+        load_named_weights(self, weights, self.stacked_params, skip)
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    pass
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    qkv_bias = True
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    qk_norm = True

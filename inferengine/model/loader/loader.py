@@ -1,0 +1,50 @@
+"""Builds a model on its device in its dtype and fills its weights."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from inferengine.attention.backends.base import AttentionBackend
+from inferengine.config import ModelConfig
+from inferengine.logger import init_logger
+from inferengine.model.llama import ModelInit
+from inferengine.model.registry import resolve_model_class
+from inferengine.model.weights import init_dummy_weights, iterate_safetensors
+
+logger = init_logger(__name__)
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_model(
+    model_config: ModelConfig, device: torch.device, attn_backend: AttentionBackend
+) -> nn.Module:
+    start = time.perf_counter()
+    cls = resolve_model_class(model_config.hf_config)
+    dtype = TORCH_DTYPES[model_config.dtype]
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = cls(ModelInit(model_config.hf_config, attn_backend))
+    finally:
+        torch.set_default_dtype(previous)
+    # Buffers computed in float32 (the rotary cos/sin table) stay float32.
+    if model_config.load_format == "dummy":
+        init_dummy_weights(model, model_config.seed)
+    else:
+        from pathlib import Path
+
+        model.load_weights(iterate_safetensors(Path(model_config.model_path)))
+    model.eval()
+    logger.info(
+        "loaded %s (%s, %s) in %.2f s",
+        model_config.architecture,
+        model_config.dtype,
+        "dummy weights" if model_config.load_format == "dummy" else "safetensors",
+        time.perf_counter() - start,
+    )
+    return model

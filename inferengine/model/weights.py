@@ -1,0 +1,122 @@
+"""Reading checkpoint tensors and placing them into a model's (fused) parameters."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from inferengine.errors import ModelLoadError
+from inferengine.model.layers.linear import default_weight_loader
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's files, from `model.safetensors.index.json` when there is one."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.exists()]
+        if missing:
+            raise ModelLoadError(
+                f"{index} lists shards that are not in {model_dir}: {', '.join(missing)}. "
+                "Download the missing files, or the whole folder again."
+            )
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(
+            f"no *.safetensors files in {model_dir}. Point --model at a folder with the weights, "
+            "use a .gguf file, or pass --load-format dummy for random weights."
+        )
+    return files
+
+
+def iterate_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import SafetensorError, safe_open
+
+    for path in safetensors_files(model_dir):
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    yield name, f.get_tensor(name)
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise ModelLoadError(
+                f"cannot read {path}: it is truncated or corrupt ({e}). Download it again."
+            ) from e
+
+
+def load_named_weights(
+    model: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    stacked_params: Iterable[tuple[str, str, int | str]],
+    skip_suffixes: tuple[str, ...] = (),
+) -> None:
+    """Copy HF-named tensors into `model`, routing q/k/v and gate/up into fused parameters.
+
+    Every parameter must be filled; a missing one means a truncated or mismatched checkpoint.
+    """
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for name, tensor in weights:
+        if name.endswith(skip_suffixes):
+            continue
+        for hf_part, our_part, shard_id in stacked_params:
+            if f".{hf_part}." in name:
+                target = name.replace(f".{hf_part}.", f".{our_part}.")
+                if target not in params:
+                    raise ModelLoadError(f"checkpoint tensor {name} has no place in the model")
+                _load(params[target], tensor, name, shard_id)
+                loaded.add(f"{target}#{shard_id}")
+                loaded.add(target)
+                break
+        else:
+            if name not in params:
+                raise ModelLoadError(
+                    f"checkpoint tensor {name} has no place in the model; is config.json "
+                    "the one that belongs to these weights?"
+                )
+            _load(params[name], tensor, name, None)
+            loaded.add(name)
+    # named_parameters() lists a tied parameter once, under its first name.
+    missing = sorted(set(params) - loaded)
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise ModelLoadError(
+            f"the checkpoint lacks {len(missing)} tensors the model needs ({shown}); "
+            "the download is incomplete or belongs to another model."
+        )
+
+
+def _load(param: nn.Parameter, tensor: torch.Tensor, name: str, shard_id: int | str | None) -> None:
+    loader = getattr(param, "weight_loader", None)
+    tensor = tensor.to(param.dtype)
+    try:
+        if loader is None:
+            default_weight_loader(param, tensor)
+        elif shard_id is None:
+            loader(param, tensor)
+        else:
+            loader(param, tensor, shard_id)
+    except ValueError as e:
+        raise ModelLoadError(f"cannot load {name}: {e}") from e
+
+
+@torch.no_grad()
+def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """Random weights at the model's real shapes, for benchmarks (`--load-format dummy`).
+
+    Norm weights are 1 and the rest small normal values, so activations stay finite and the
+    sampled tokens vary like a real model's would.
+    """
+    generators: dict[torch.device, torch.Generator] = {}
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+            continue
+        if param.device not in generators:
+            generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
+        param.normal_(0.0, 0.02, generator=generators[param.device])

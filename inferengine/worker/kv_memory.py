@@ -1,0 +1,68 @@
+"""How many KV pages fit: a byte budget on the CPU, a profiling run on CUDA."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+
+import torch
+
+from inferengine.config import EngineConfig
+from inferengine.logger import init_logger
+
+logger = init_logger(__name__)
+
+DEFAULT_CPU_KV_BYTES = 1 << 30
+_GIB = 1 << 30
+
+
+def kv_block_bytes(config: EngineConfig, dtype: torch.dtype) -> int:
+    """Bytes of one page across all layers (K and V) on one tensor-parallel rank."""
+    m = config.model_config
+    kv_heads = max(1, m.num_kv_heads // config.parallel_config.tensor_parallel_size)
+    per_token = 2 * m.num_layers * kv_heads * m.head_dim * dtype.itemsize
+    return per_token * config.cache_config.block_size
+
+
+def allocate_kv_caches(
+    config: EngineConfig, num_blocks: int, dtype: torch.dtype, device: torch.device
+) -> list[torch.Tensor]:
+    """One `[2, num_blocks, block_size, kv_heads, head_dim]` tensor per layer."""
+    m = config.model_config
+    kv_heads = max(1, m.num_kv_heads // config.parallel_config.tensor_parallel_size)
+    shape = (2, num_blocks, config.cache_config.block_size, kv_heads, m.head_dim)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(m.num_layers)]
+
+
+def num_blocks_for_cpu(config: EngineConfig, dtype: torch.dtype) -> int:
+    budget = config.cache_config.kv_cache_memory or DEFAULT_CPU_KV_BYTES
+    return budget // kv_block_bytes(config, dtype)
+
+
+def num_blocks_for_cuda(
+    config: EngineConfig, dtype: torch.dtype, device: torch.device, profile: Callable[[], None]
+) -> int:
+    """Run `profile` (a forward pass at the largest batch, plus sampling) and give the KV cache
+    what is left of `gpu_memory_utilization` × the device's memory."""
+    if config.cache_config.kv_cache_memory:
+        return config.cache_config.kv_cache_memory // kv_block_bytes(config, dtype)
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    profile()
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    non_torch = max(0, total - free - torch.cuda.memory_reserved(device))
+    graph_reserve = 0 if config.enforce_eager else _GIB // 2
+    budget = total * config.cache_config.gpu_memory_utilization - peak - non_torch - graph_reserve
+    logger.info(
+        "memory: total %.1f GiB, peak in profile run %.2f GiB, outside torch %.2f GiB, "
+        "left for the KV cache %.2f GiB",
+        total / _GIB,
+        peak / _GIB,
+        non_torch / _GIB,
+        max(budget, 0) / _GIB,
+    )
+    torch.cuda.empty_cache()
+    return max(0, int(budget // kv_block_bytes(config, dtype)))

@@ -1,0 +1,54 @@
+"""`Worker`: one device: sets it up, loads the model, sizes and allocates the KV cache, runs steps."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from inferengine.attention.selector import get_attention_backend
+from inferengine.config import EngineConfig
+from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from inferengine.logger import init_logger
+from inferengine.model.loader.loader import TORCH_DTYPES, load_model
+from inferengine.worker import kv_memory
+from inferengine.worker.model_runner import ModelRunner
+
+logger = init_logger(__name__)
+
+
+class Worker:
+    def __init__(self, config: EngineConfig, rank: int = 0):
+        self.config = config
+        self.rank = rank
+        if config.device == "cuda":
+            self.device = torch.device("cuda", rank)
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+        torch.manual_seed(config.model_config.seed)
+        self.dtype = TORCH_DTYPES[config.model_config.dtype]
+        self.attn_backend = get_attention_backend(config.attention_backend, self.device.type)
+        logger.info("attention backend: %s", self.attn_backend.name)
+        model = load_model(config.model_config, self.device, self.attn_backend)
+        self.runner = ModelRunner(config, model, self.device)
+
+    def determine_num_blocks(self) -> int:
+        if self.device.type == "cuda":
+            start = time.perf_counter()
+            n = kv_memory.num_blocks_for_cuda(
+                self.config, self.dtype, self.device, self.runner.profile_run
+            )
+            logger.info("memory profiling took %.2f s", time.perf_counter() - start)
+        else:
+            n = kv_memory.num_blocks_for_cpu(self.config, self.dtype)
+        override = self.config.cache_config.num_gpu_blocks_override
+        return override if override else n
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.runner.kv_caches = kv_memory.allocate_kv_caches(
+            self.config, num_blocks, self.dtype, self.device
+        )
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.runner.execute_model(scheduler_output)
