@@ -33,6 +33,7 @@ class CompletionOutput:
 @dataclass
 class RequestMetrics:
     arrival_time: float
+    queued_time: float | None = None  # entered the engine core's scheduler
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None

@@ -37,6 +37,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     new_logprobs: LogprobsLists | None = None
     new_prompt_logprobs: LogprobsLists | None = None
     num_cached_tokens: int = 0
+    # On a request's first output only: when the core queued it and first scheduled it.
+    queued_time: float = 0.0
+    scheduled_time: float = 0.0
 
 
 class SchedulerStats(msgspec.Struct, omit_defaults=True):

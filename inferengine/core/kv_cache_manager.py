@@ -60,7 +60,7 @@ class KVCacheManager:
         request scheduled later in the same step can share them (their K/V are written before
         any attention reads them, layer by layer).
         """
-        blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        blocks = self.req_to_blocks.get(request.request_id, [])
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         num_required = -(-(num_computed + num_new_tokens) // self.block_size)
         num_new_blocks = max(0, num_required - len(blocks) - len(new_computed_blocks))
@@ -68,6 +68,7 @@ class KVCacheManager:
         num_hits_in_free_list = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
         if num_new_blocks > self.pool.num_free_blocks - num_hits_in_free_list:
             return None
+        self.req_to_blocks[request.request_id] = blocks
         self.pool.touch(new_computed_blocks)
         blocks.extend(new_computed_blocks)
         new_blocks = self.pool.get_new_blocks(num_new_blocks)

@@ -72,6 +72,10 @@ class Request:
         self.num_cached_tokens = -1  # prefix-cache hit at first scheduling; -1 until then
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None
+        # Timestamps for request metrics: entering the scheduler, first being scheduled.
+        self.queued_time = time.time()
+        self.scheduled_time: float | None = None
+        self.first_output_sent = False
         self.max_tokens = sampling_params.max_tokens or 2**31
         self._block_hasher = block_hasher
         self.block_hashes: list[bytes] = []

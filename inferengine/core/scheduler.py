@@ -182,6 +182,7 @@ class Scheduler:
             request.num_computed_tokens = num_hit_tokens
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit_tokens
+                request.scheduled_time = time.time()
             self.running.append(request)
             scheduled_new.append(request)
             num_scheduled[request.request_id] = num_new
@@ -273,17 +274,20 @@ class Scheduler:
             if not new_tokens and prompt_lp is None:
                 continue
             logprobs = runner_output.logprobs.get(req_id)
-            outputs.append(
-                EngineCoreOutput(
-                    request_id=req_id,
-                    new_token_ids=new_tokens,
-                    finish_reason=request.finish_reason,
-                    stop_reason=request.stop_reason,
-                    new_logprobs=LogprobsLists(*logprobs) if logprobs and new_tokens else None,
-                    new_prompt_logprobs=LogprobsLists(*prompt_lp) if prompt_lp else None,
-                    num_cached_tokens=max(request.num_cached_tokens, 0),
-                )
+            output = EngineCoreOutput(
+                request_id=req_id,
+                new_token_ids=new_tokens,
+                finish_reason=request.finish_reason,
+                stop_reason=request.stop_reason,
+                new_logprobs=LogprobsLists(*logprobs) if logprobs and new_tokens else None,
+                new_prompt_logprobs=LogprobsLists(*prompt_lp) if prompt_lp else None,
+                num_cached_tokens=max(request.num_cached_tokens, 0),
             )
+            if not request.first_output_sent:
+                request.first_output_sent = True
+                output.queued_time = request.queued_time
+                output.scheduled_time = request.scheduled_time or 0.0
+            outputs.append(output)
             if request.is_finished:
                 self._free(request)
         return EngineCoreOutputs(

@@ -13,6 +13,7 @@ from typing import Any
 from inferengine.core.engine_io import EngineCoreOutput, LogprobsLists
 from inferengine.core.request import FinishReason
 from inferengine.engine.detokenizer import IncrementalDetokenizer
+from inferengine.metrics.stats import FinishedRequestStats, IterationStats
 from inferengine.outputs import (
     CompletionOutput,
     Logprob,
@@ -80,10 +81,19 @@ class RequestState:
 
     # ---- applying one core output ----------------------------------------------------------
 
-    def apply(self, out: EngineCoreOutput, now: float) -> bool:
+    def apply(self, out: EngineCoreOutput, now: float, stats: IterationStats | None) -> bool:
         """Fold in new tokens; True when a stop string ended the request here."""
         m = self.metrics
+        if out.scheduled_time:
+            m.queued_time, m.first_scheduled_time = out.queued_time, out.scheduled_time
         if out.new_token_ids:
+            if stats is not None:
+                stats.num_generation_tokens += len(out.new_token_ids)
+                if m.first_token_time is None:
+                    stats.num_prompt_tokens += len(self.prompt_token_ids)
+                    stats.time_to_first_tokens.append(now - m.arrival_time)
+                elif m.last_token_time is not None:
+                    stats.inter_token_latencies.append(now - m.last_token_time)
             m.first_token_time = m.first_token_time or now
             m.last_token_time = now
         self.num_cached_tokens = out.num_cached_tokens
@@ -104,7 +114,23 @@ class RequestState:
             self.stop_reason = out.stop_reason
         if self.finished:
             m.finished_time = now
+            if stats is not None:
+                stats.finished.append(self._finished_stats(now))
         return stopped_here
+
+    def _finished_stats(self, now: float) -> FinishedRequestStats:
+        m = self.metrics
+        scheduled = m.first_scheduled_time or m.arrival_time
+        first_token = m.first_token_time or now
+        return FinishedRequestStats(
+            finish_reason=self.finish_reason or "abort",
+            e2e_latency=now - m.arrival_time,
+            queue_time=max(0.0, scheduled - (m.queued_time or m.arrival_time)),
+            prefill_time=max(0.0, first_token - scheduled),
+            decode_time=max(0.0, (m.last_token_time or first_token) - first_token),
+            num_prompt_tokens=len(self.prompt_token_ids),
+            num_generation_tokens=len(self.token_ids),
+        )
 
     def _check_stop_strings(self, text_before: int) -> bool:
         # A stop string completed by the new text starts at most max_stop_len - 1 before it.
@@ -205,7 +231,10 @@ class OutputProcessor:
             self.requests.pop(request_id, None)
 
     def process_outputs(
-        self, outputs: list[EngineCoreOutput], errors: dict[str, str] | None = None
+        self,
+        outputs: list[EngineCoreOutput],
+        errors: dict[str, str] | None = None,
+        stats: IterationStats | None = None,
     ) -> tuple[list[RequestOutput], list[str]]:
         """(outputs ready for their callers, request ids to abort in the core)."""
         now = time.time()
@@ -215,7 +244,7 @@ class OutputProcessor:
             state = self.requests.get(out.request_id)
             if state is None:
                 continue
-            if state.apply(out, now):
+            if state.apply(out, now, stats):
                 to_abort.append(out.request_id)
             error = (errors or {}).get(out.request_id)
             request_output = self._make_output(state, error)

@@ -1,0 +1,278 @@
+"""`AsyncLLM`: the engine for the server: async streams of `RequestOutput`s per request.
+
+The engine core runs in its own process. One output-handler task reads its outputs, turns them
+into `RequestOutput`s and puts each into its request's single-slot collector (merging deltas
+when the consumer lags). A caller that stops listening aborts its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from inferengine.config import EngineConfig
+from inferengine.core.engine_io import SchedulerStats
+from inferengine.engine.core_client import AsyncMPClient
+from inferengine.engine.input_processor import InputProcessor, PromptType, load_tokenizer
+from inferengine.engine.llm_engine import child_params
+from inferengine.engine.output_processor import OutputProcessor, ParentRequest
+from inferengine.errors import EngineDeadError, InvalidRequestError, OverloadedError
+from inferengine.logger import init_logger
+from inferengine.metrics.stats import IterationStats, StatLogger, ThroughputWindow
+from inferengine.outputs import RequestOutput
+from inferengine.sampling_params import RequestOutputKind, SamplingParams
+
+logger = init_logger(__name__)
+
+
+class RequestCollector:
+    """Holds the newest output of one request; deltas that pile up are merged into one."""
+
+    def __init__(self, kind: RequestOutputKind):
+        self.kind = kind
+        self.output: RequestOutput | BaseException | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        if isinstance(item, BaseException) or self.output is None:
+            self.output = item
+        elif isinstance(self.output, RequestOutput):
+            if self.kind == RequestOutputKind.DELTA:
+                _merge_delta(self.output, item)
+            else:
+                self.output = item
+        self.ready.set()
+
+    async def get(self) -> RequestOutput:
+        await self.ready.wait()
+        item = self.output
+        self.output = None
+        self.ready.clear()
+        if isinstance(item, BaseException):
+            raise item
+        assert item is not None
+        return item
+
+
+def _merge_delta(into: RequestOutput, new: RequestOutput) -> None:
+    by_index = {c.index: c for c in into.outputs}
+    for completion in new.outputs:
+        old = by_index.get(completion.index)
+        if old is None:
+            into.outputs.append(completion)
+            continue
+        old.text += completion.text
+        old.token_ids = old.token_ids + completion.token_ids
+        if completion.logprobs is not None:
+            old.logprobs = (old.logprobs or []) + completion.logprobs
+        old.cumulative_logprob = completion.cumulative_logprob
+        old.finish_reason, old.stop_reason = completion.finish_reason, completion.stop_reason
+    into.finished = new.finished
+    into.num_cached_tokens = new.num_cached_tokens
+    into.error = new.error or into.error
+    if new.prompt_logprobs is not None:
+        into.prompt_logprobs = new.prompt_logprobs
+
+
+class AsyncLLM:
+    def __init__(self, config: EngineConfig, stat_loggers: list[StatLogger] | None = None):
+        self.config = config
+        self.model_config = config.model_config
+        self.tokenizer = load_tokenizer(
+            config.model_config.tokenizer or config.model_config.model_path
+        )
+        self.input_processor = InputProcessor(config.model_config, self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.stat_loggers = list(stat_loggers or [])
+        self.client: AsyncMPClient | None = None
+        self.collectors: dict[str, RequestCollector] = {}
+        self.children: dict[str, list[str]] = {}  # parent id -> core request ids
+        self.scheduler_stats = SchedulerStats()
+        self.throughput = ThroughputWindow()
+        self.start_time = time.time()
+        self.ready_info: dict[str, Any] = {}
+        self._handler: asyncio.Task | None = None
+        self._ids = itertools.count()
+
+    async def start(self) -> None:
+        """Start the engine-core process and wait until it serves."""
+        self.client = AsyncMPClient(self.config)
+        self.ready_info = await self.client.wait_until_ready()
+        self.scheduler_stats.num_blocks = self.ready_info.get("num_blocks", 0)
+        self._handler = asyncio.create_task(self._output_handler())
+
+    # ---- health ------------------------------------------------------------------------
+
+    @property
+    def is_running(self) -> bool:
+        return self.client is not None and not self.client.is_dead
+
+    @property
+    def dead_reason(self) -> str | None:
+        return None if self.client is None else self.client.dead_reason
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self.collectors)
+
+    # ---- requests ----------------------------------------------------------------------
+
+    def new_request_id(self, prefix: str = "req") -> str:
+        return f"{prefix}-{next(self._ids)}-{int(time.time() * 1000)}"
+
+    async def generate(
+        self,
+        prompt: PromptType,
+        params: SamplingParams,
+        request_id: str,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Stream outputs of one request; leaving the loop early aborts it in the engine."""
+        if not self.is_running:
+            raise EngineDeadError(f"the engine is not running ({self.dead_reason}).")
+        if request_id in self.collectors:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use.")
+        self._check_capacity()
+        text, token_ids = self.input_processor.tokenize(prompt)
+        collector = RequestCollector(params.output_kind)
+        core_requests = self._fan_out(request_id, text, token_ids, params, priority, cache_salt)
+        self.collectors[request_id] = collector
+        self.children[request_id] = [r.request_id for r in core_requests]
+        finished = False
+        try:
+            assert self.client is not None
+            for request in core_requests:
+                await self.client.add_request(request)
+            while True:
+                output = await collector.get()
+                finished = output.finished
+                yield output
+                if finished:
+                    break
+        finally:
+            self.collectors.pop(request_id, None)
+            sub_ids = self.children.pop(request_id, [])
+            if not finished:
+                await self.abort(sub_ids)
+
+    def _check_capacity(self) -> None:
+        limit = self.config.scheduler_config.max_waiting_requests
+        if limit is None:
+            return
+        capacity = self.config.scheduler_config.max_num_seqs + limit
+        if len(self.collectors) >= capacity:
+            raise OverloadedError(
+                f"the server is at capacity ({capacity} requests in flight); retry shortly."
+            )
+
+    def _fan_out(self, request_id, text, token_ids, params, priority, cache_salt):
+        n = params.n
+        parent = ParentRequest(request_id, n, params.output_kind) if n > 1 else None
+        requests = []
+        for index in range(n):
+            sub_id = f"{index}_{request_id}" if parent else request_id
+            sub_params = child_params(params, index) if parent else params
+            requests.append(
+                self.input_processor.make_request(
+                    sub_id, token_ids, sub_params, priority=priority, cache_salt=cache_salt
+                )
+            )
+        for index, request in enumerate(requests):
+            self.output_processor.add_request(
+                request.request_id,
+                text,
+                token_ids,
+                request.sampling_params,
+                request.arrival_time,
+                parent,
+                index,
+            )
+        return requests
+
+    async def abort(self, request_ids: list[str]) -> None:
+        self.output_processor.abort(request_ids)
+        if self.client is not None:
+            await self.client.abort_requests(request_ids)
+
+    # ---- the output handler ------------------------------------------------------------
+
+    async def _output_handler(self) -> None:
+        assert self.client is not None
+        try:
+            while True:
+                core_outputs = await self.client.get_output()
+                stats = IterationStats()
+                outputs, to_abort = self.output_processor.process_outputs(
+                    core_outputs.outputs, core_outputs.errors, stats
+                )
+                for output in outputs:
+                    collector = self.collectors.get(output.request_id)
+                    if collector is not None:
+                        collector.put(output)
+                if to_abort:
+                    await self.client.abort_requests(to_abort)
+                if core_outputs.scheduler_stats is not None:
+                    self.scheduler_stats = core_outputs.scheduler_stats
+                self.throughput.add(stats)
+                for stat_logger in self.stat_loggers:
+                    stat_logger.record(core_outputs.scheduler_stats, stats)
+        except EngineDeadError as e:
+            for collector in list(self.collectors.values()):
+                collector.put(e)
+        except Exception as e:  # a bug here must not leave requests hanging
+            logger.exception("output handler failed")
+            error = EngineDeadError(f"the output handler failed: {e}")
+            for collector in list(self.collectors.values()):
+                collector.put(error)
+
+    # ---- stats and utilities -----------------------------------------------------------
+
+    def get_stats(self) -> dict[str, Any]:
+        s = self.scheduler_stats
+        prompt_rate, generation_rate = self.throughput.rates()
+        used = s.num_blocks - s.num_free_blocks if s.num_blocks else 0
+        return {
+            "model": self.model_config.name,
+            "device": self.config.device,
+            "attention_backend": self.ready_info.get("attention_backend"),
+            "uptime_s": round(time.time() - self.start_time, 3),
+            "engine_running": self.is_running,
+            "num_requests_running": s.num_running,
+            "num_requests_waiting": s.num_waiting,
+            "num_requests_in_flight": len(self.collectors),
+            "kv_pages_total": s.num_blocks,
+            "kv_pages_used": used,
+            "kv_pages_free": s.num_free_blocks,
+            "kv_pages_cached": s.num_cached_free_blocks,
+            "kv_cache_usage": round(s.kv_cache_usage, 6),
+            "prefix_cache_queries": s.prefix_cache_queries,
+            "prefix_cache_hits": s.prefix_cache_hits,
+            "prefix_cache_hit_rate": round(s.prefix_cache_hits / s.prefix_cache_queries, 6)
+            if s.prefix_cache_queries
+            else 0.0,
+            "num_preemptions": s.num_preemptions,
+            "prompt_tokens_per_s": round(prompt_rate, 3),
+            "generation_tokens_per_s": round(generation_rate, 3),
+        }
+
+    async def refresh_stats(self) -> None:
+        """Ask the core for fresh scheduler stats (they otherwise arrive with outputs)."""
+        if self.client is not None and self.is_running:
+            raw = await self.client.call_utility("get_stats")
+            import msgspec
+
+            self.scheduler_stats = msgspec.convert(raw, SchedulerStats)
+
+    async def reset_prefix_cache(self) -> bool:
+        assert self.client is not None
+        return bool(await self.client.call_utility("reset_prefix_cache"))
+
+    def shutdown(self) -> None:
+        if self._handler is not None:
+            self._handler.cancel()
+        if self.client is not None:
+            self.client.shutdown()

@@ -1,0 +1,74 @@
+"""Bad requests raise clear errors and leave the other requests running."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferengine import LLM, SamplingParams
+from inferengine.errors import InvalidRequestError
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_checkpoint):
+    return LLM(str(tiny_checkpoint("llama3-tied")), max_model_len=128)
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: SamplingParams(max_tokens=0), "max_tokens must be at least 1"),
+        (lambda: SamplingParams(top_p=0.0), r"top_p must be in \(0, 1\]"),
+        (lambda: SamplingParams(top_p=1.5), r"top_p must be in \(0, 1\]"),
+        (lambda: SamplingParams(n=0), "n must be at least 1"),
+        (lambda: SamplingParams(temperature=-1), "temperature must be 0 or more"),
+    ],
+)
+def test_bad_sampling_params(make, match):
+    with pytest.raises(InvalidRequestError, match=match):
+        make()
+
+
+def test_prompt_longer_than_max_model_len(llm):
+    with pytest.raises(InvalidRequestError, match="more than this model's maximum context"):
+        llm.generate({"prompt_token_ids": [5] * 200}, use_tqdm=False)
+
+
+def test_token_ids_outside_vocabulary(llm):
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        llm.generate({"prompt_token_ids": [5, 100000]}, use_tqdm=False)
+    with pytest.raises(InvalidRequestError, match="stop_token_ids names token id 999999"):
+        llm.generate("hello", SamplingParams(stop_token_ids=[999999]), use_tqdm=False)
+
+
+def test_bad_request_leaves_running_requests_alone(llm):
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    engine.add_request("good-1", {"prompt_token_ids": [3, 4, 5]}, params)
+    engine.add_request("good-2", {"prompt_token_ids": [7] * 40}, params)
+    engine.step()
+    with pytest.raises(InvalidRequestError):
+        engine.add_request("bad", {"prompt_token_ids": [1] * 500}, params)
+    with pytest.raises(InvalidRequestError):
+        engine.add_request("bad", {"prompt_token_ids": [-3]}, params)
+    finished = {}
+    for _ in range(50):
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+        if not engine.has_unfinished_requests():
+            break
+    assert set(finished) == {"good-1", "good-2"}
+    assert all(len(o.outputs[0].token_ids) == 12 for o in finished.values())
+
+
+def test_engine_core_refuses_bad_ids_without_crashing(llm):
+    """A request that skipped input validation is failed by the core, not the engine."""
+    from inferengine.core.engine_io import EngineCoreRequest
+
+    core = llm.llm_engine.core
+    core.add_request(
+        EngineCoreRequest("raw-bad", [1, 10**9], SamplingParams(max_tokens=2), eos_token_id=1)
+    )
+    outputs = core.step()
+    assert "raw-bad" in outputs.errors
+    assert "outside the vocabulary" in outputs.errors["raw-bad"]
