@@ -1,14 +1,16 @@
 """`ModelRunner`: turns a `SchedulerOutput` into model inputs, runs the forward pass, samples.
 
-It keeps each request's tokens and block ids between steps, so the scheduler sends only what
-changed. It decides nothing about who runs.
+It keeps each request's tokens and block ids in persistent rows between steps, so the scheduler
+sends only what changed, and builds each step's inputs with numpy into pinned buffers copied to
+the device asynchronously. Decode-only steps replay CUDA graphs. It decides nothing about who
+runs.
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from inferengine.attention.metadata import AttentionMetadata
@@ -17,30 +19,33 @@ from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from inferengine.sample.metadata import build_sampling_metadata
 from inferengine.sample.sampler import Sampler, gather_logprobs
 from inferengine.sampling_params import SamplingParams
+from inferengine.worker.cuda_graphs import CudaGraphRunner
+from inferengine.worker.input_batch import InputBuffers, StepLayout
 
 
 @dataclass(slots=True)
 class RequestState:
     req_id: str
+    row: int  # persistent row in the input buffers
     prompt_token_ids: list[int]
     output_token_ids: list[int]
-    token_ids: list[int]  # prompt + output
+    num_tokens: int  # prompt + output tokens known so far
     sampling_params: SamplingParams
     eos_token_id: int | None
-    block_ids: list[int]
+    num_blocks: int
     num_computed_tokens: int
     generator: torch.Generator | None
 
 
 @dataclass
 class StepInputs:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
+    num_tokens: int  # real tokens (padding excluded)
     metadata: AttentionMetadata
     req_ids: list[str]
     sample_rows: list[int]  # batch rows that produce a token this step
-    logits_indices: torch.Tensor  # flat token index of each sampling row's last token
+    logits_rows: list[int]  # flat token index of each sampling row's last token
     prompt_logprob_rows: dict[str, tuple[int, int, int]]  # req -> (flat start, count, first pos)
+    graph_size: int | None  # padded batch size of the CUDA graph to replay, if any
 
 
 class ModelRunner:
@@ -48,94 +53,116 @@ class ModelRunner:
         self.config = config
         self.model = model
         self.device = device
+        sc = config.scheduler_config
         self.block_size = config.cache_config.block_size
         self.vocab_size = config.model_config.vocab_size
+        self.max_model_len = sc.max_model_len
         self.requests: dict[str, RequestState] = {}
         self.kv_caches: list[torch.Tensor] = []
         self.sampler = Sampler()
+        self.buffers = InputBuffers(
+            sc.max_num_seqs,
+            max(sc.max_num_batched_tokens, sc.max_num_seqs),
+            sc.max_model_len,
+            self.block_size,
+            device,
+        )
+        self.graphs: CudaGraphRunner | None = None
 
     # ---- state -------------------------------------------------------------------------
 
     def _update_states(self, so: SchedulerOutput) -> None:
+        buffers = self.buffers
         for req_id in so.finished_req_ids:
-            self.requests.pop(req_id, None)
+            state = self.requests.pop(req_id, None)
+            if state is not None:
+                buffers.free_row(state.row)
         for new in so.scheduled_new_reqs:
             params = new.sampling_params
             generator = None
             if params.seed is not None and not params.greedy:
                 generator = torch.Generator(device=self.device).manual_seed(params.seed)
+            tokens = new.prompt_token_ids + new.output_token_ids
             self.requests[new.req_id] = RequestState(
                 req_id=new.req_id,
+                row=buffers.add_row(tokens, new.block_ids),
                 prompt_token_ids=new.prompt_token_ids,
                 output_token_ids=list(new.output_token_ids),
-                token_ids=new.prompt_token_ids + new.output_token_ids,
+                num_tokens=len(tokens),
                 sampling_params=params,
                 eos_token_id=new.eos_token_id,
-                block_ids=list(new.block_ids),
+                num_blocks=len(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 generator=generator,
             )
         for cached in so.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
-            state.block_ids.extend(cached.new_block_ids)
+            if cached.new_block_ids:
+                n = len(cached.new_block_ids)
+                buffers.block_table[state.row, state.num_blocks : state.num_blocks + n] = (
+                    cached.new_block_ids
+                )
+                state.num_blocks += n
             state.num_computed_tokens = cached.num_computed_tokens
 
     # ---- inputs ------------------------------------------------------------------------
 
     def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        query_start = [0]
-        seq_lens: list[int] = []
-        block_rows: list[list[int]] = []
-        sample_rows: list[int] = []
-        logits_indices: list[int] = []
-        prompt_rows: dict[str, tuple[int, int, int]] = {}
         req_ids = list(so.num_scheduled_tokens)
-        bs = self.block_size
-        for row, req_id in enumerate(req_ids):
-            state = self.requests[req_id]
-            n = so.num_scheduled_tokens[req_id]
+        states = [self.requests[r] for r in req_ids]
+        layout = StepLayout(
+            rows=np.fromiter((s.row for s in states), dtype=np.int64, count=len(states)),
+            starts=np.fromiter((s.num_computed_tokens for s in states), np.int64, len(states)),
+            num_scheduled=np.fromiter(so.num_scheduled_tokens.values(), np.int64, len(states)),
+        )
+        sample_rows: list[int] = []
+        logits_rows: list[int] = []
+        prompt_rows: dict[str, tuple[int, int, int]] = {}
+        flat = 0
+        for row, (state, n) in enumerate(zip(states, layout.num_scheduled.tolist(), strict=True)):
             start = state.num_computed_tokens
             end = start + n
-            flat_start = len(input_ids)
-            input_ids.extend(state.token_ids[start:end])
-            positions.extend(range(start, end))
-            blocks = state.block_ids
-            slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
-            query_start.append(len(input_ids))
-            seq_lens.append(end)
-            block_rows.append(blocks)
-            if end >= len(state.token_ids):
+            if end >= state.num_tokens:
                 sample_rows.append(row)
-                logits_indices.append(len(input_ids) - 1)
+                logits_rows.append(flat + n - 1)
             num_prompt = len(state.prompt_token_ids)
-            if state.sampling_params.prompt_logprobs is not None and start < num_prompt - 1:
-                count = min(end, num_prompt - 1) - start
-                prompt_rows[req_id] = (flat_start, count, start)
-        max_blocks = max(len(b) for b in block_rows)
-        table = [b + [0] * (max_blocks - len(b)) for b in block_rows]
-        dev = self.device
-        metadata = AttentionMetadata(
-            num_actual_tokens=len(input_ids),
-            max_query_len=max(b - a for a, b in itertools.pairwise(query_start)),
-            max_seq_len=max(seq_lens),
-            query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_table=torch.tensor(table, dtype=torch.int32, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            query_start_loc_cpu=query_start,
-            seq_lens_cpu=seq_lens,
-        )
+            wants_prompt_lp = state.sampling_params.prompt_logprobs is not None
+            if wants_prompt_lp and not state.output_token_ids and start < num_prompt - 1:
+                prompt_rows[state.req_id] = (flat, min(end, num_prompt - 1) - start, start)
+            flat += n
+        num_tokens = flat
+        max_query_len = int(layout.num_scheduled.max())
+        graph_size = None
+        if self.graphs is not None and max_query_len == 1 and not prompt_rows:
+            graph_size = self.graphs.padded_size(len(states))
+        b = len(states)
+        if graph_size is not None:
+            self.buffers.stage(layout, pad_tokens=graph_size - b, pad_seqs=graph_size - b)
+            metadata = self.graphs.metadata(graph_size)
+        else:
+            self.buffers.stage(layout)
+            seq_lens_np = layout.starts + layout.num_scheduled
+            max_seq_len = int(seq_lens_np.max())
+            num_blocks = -(-max_seq_len // self.block_size)
+            metadata = AttentionMetadata(
+                num_actual_tokens=num_tokens,
+                max_query_len=max_query_len,
+                max_seq_len=max_seq_len,
+                query_start_loc=self.buffers.query_start_loc[: b + 1],
+                seq_lens=self.buffers.seq_lens[:b],
+                block_table=self.buffers.block_table_dev[:b, :num_blocks],
+                slot_mapping=self.buffers.slot_mapping[:num_tokens],
+                query_start_loc_cpu=self.buffers.qsl_np[: b + 1].tolist(),
+                seq_lens_cpu=seq_lens_np.tolist(),
+            )
         return StepInputs(
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            num_tokens=num_tokens,
             metadata=metadata,
             req_ids=req_ids,
             sample_rows=sample_rows,
-            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=dev),
+            logits_rows=logits_rows,
             prompt_logprob_rows=prompt_rows,
+            graph_size=graph_size,
         )
 
     # ---- one step ----------------------------------------------------------------------
@@ -146,17 +173,32 @@ class ModelRunner:
         if so.is_empty:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
         inputs = self._prepare_inputs(so)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata)
-        sampled_lists: list[list[int]] = [[] for _ in inputs.req_ids]
-        output = ModelRunnerOutput(req_ids=inputs.req_ids, sampled_token_ids=sampled_lists)
+        output = ModelRunnerOutput(
+            req_ids=inputs.req_ids, sampled_token_ids=[[] for _ in inputs.req_ids]
+        )
+        n = inputs.num_tokens
+        if inputs.graph_size is not None:
+            assert self.graphs is not None
+            hidden = self.graphs.replay(inputs.graph_size)
+        else:
+            hidden = self.model(
+                self.buffers.input_ids[:n],
+                self.buffers.positions[:n],
+                self.kv_caches,
+                inputs.metadata,
+            )
+        logits = None
         if inputs.sample_rows:
-            self._sample(inputs, hidden, output)
+            rows = self.buffers.stage_logits_indices(inputs.logits_rows)
+            logits = self.model.compute_logits(hidden[rows])
+        if inputs.sample_rows:
+            assert logits is not None
+            self._sample(inputs, logits, output)
         if inputs.prompt_logprob_rows:
             self._prompt_logprobs(inputs, hidden, output)
         return output
 
-    def _sample(self, inputs: StepInputs, hidden: torch.Tensor, output: ModelRunnerOutput) -> None:
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+    def _sample(self, inputs: StepInputs, logits: torch.Tensor, output: ModelRunnerOutput) -> None:
         states = [self.requests[inputs.req_ids[row]] for row in inputs.sample_rows]
         md = build_sampling_metadata(
             [s.sampling_params for s in states],
@@ -175,11 +217,14 @@ class ModelRunner:
                 result.logprobs.tolist(),
                 result.sampled_ranks.tolist(),
             )
+        token_buf = self.buffers.token_ids
         for i, (row, state) in enumerate(zip(inputs.sample_rows, states, strict=True)):
             token = sampled[i]
             output.sampled_token_ids[row] = [token]
             state.output_token_ids.append(token)
-            state.token_ids.append(token)
+            if state.num_tokens < token_buf.shape[1]:
+                token_buf[state.row, state.num_tokens] = token
+            state.num_tokens += 1
             num_top = state.sampling_params.logprobs
             if num_top is not None and result.logprobs is not None:
                 output.logprobs[state.req_id] = (
@@ -199,14 +244,14 @@ class ModelRunner:
                 state.prompt_token_ids[first_pos + 1 : first_pos + 1 + count], device=self.device
             )
             ids, values, ranks = gather_logprobs(logits.log_softmax(-1), targets, num_top)
-            output.prompt_logprobs[req_id] = (
-                ids.tolist(),
-                values.tolist(),
-                ranks.tolist(),
-                first_pos,
-            )
+            output.prompt_logprobs[req_id] = (ids.tolist(), values.tolist(), ranks.tolist(), first_pos)
 
     # ---- start-up ----------------------------------------------------------------------
+
+    def capture_cuda_graphs(self, sizes: list[int]) -> float:
+        """Capture decode steps at each padded batch size; returns the seconds it took."""
+        self.graphs = CudaGraphRunner(self, sizes)
+        return self.graphs.capture()
 
     @torch.inference_mode()
     def profile_run(self) -> None:

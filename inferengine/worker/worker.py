@@ -12,6 +12,7 @@ from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from inferengine.logger import init_logger
 from inferengine.model.loader.loader import TORCH_DTYPES, load_model
 from inferengine.worker import kv_memory
+from inferengine.worker.cuda_graphs import default_capture_sizes
 from inferengine.worker.model_runner import ModelRunner
 
 logger = init_logger(__name__)
@@ -48,6 +49,21 @@ class Worker:
     def initialize_cache(self, num_blocks: int) -> None:
         self.runner.kv_caches = kv_memory.allocate_kv_caches(
             self.config, num_blocks, self.dtype, self.device
+        )
+        if self.uses_cuda_graphs:
+            sc = self.config.scheduler_config
+            sizes = self.config.cuda_graph_sizes or default_capture_sizes(
+                sc.max_num_seqs, sc.max_num_batched_tokens
+            )
+            self.runner.capture_cuda_graphs(sizes)
+
+    @property
+    def uses_cuda_graphs(self) -> bool:
+        # The torch reference backend reads lengths on the host, so it cannot be captured.
+        return (
+            self.device.type == "cuda"
+            and not self.config.enforce_eager
+            and self.attn_backend.name == "triton"
         )
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:

@@ -61,6 +61,8 @@ class TorchAttentionBackend(AttentionBackend):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         store_kv_torch(key, value, kv_cache, metadata.slot_mapping)
+        if metadata.max_query_len == 1 and metadata.num_actual_tokens == metadata.num_seqs:
+            return self._decode(spec, query, kv_cache, metadata)
         out = torch.zeros_like(query)
         starts = metadata.query_start_loc_cpu
         seq_lens = metadata.seq_lens_cpu
@@ -80,3 +82,28 @@ class TorchAttentionBackend(AttentionBackend):
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=spec.scale)
             out[q_start:q_end] = o.transpose(0, 1)
         return out
+
+    def _decode(
+        self,
+        spec: AttentionSpec,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """One query per sequence: gather every context into one padded batch, one SDPA call."""
+        block_size = kv_cache.shape[2]
+        num_blocks = -(-metadata.max_seq_len // block_size)
+        table = metadata.block_table[:, :num_blocks].long()
+        pages = kv_cache[:, table]  # [2, B, n, bs, Hkv, D]
+        pages = pages.flatten(2, 3)[:, :, : metadata.max_seq_len]  # [2, B, L, Hkv, D]
+        group = spec.num_heads // spec.num_kv_heads
+        k = pages[0].transpose(1, 2).repeat_interleave(group, dim=1)  # [B, Hq, L, D]
+        v = pages[1].transpose(1, 2).repeat_interleave(group, dim=1)
+        k_pos = torch.arange(metadata.max_seq_len, device=query.device)
+        seq_lens = metadata.seq_lens.unsqueeze(1)
+        mask = k_pos < seq_lens
+        if spec.sliding_window is not None:
+            mask &= k_pos > seq_lens - 1 - spec.sliding_window
+        q = query.unsqueeze(2)  # [B, Hq, 1, D]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :], scale=spec.scale)
+        return out.squeeze(2)

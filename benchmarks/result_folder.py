@@ -1,0 +1,27 @@
+"""Writes a benchmark's result folder: raw JSON, the command line and the environment."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def write_result_folder(name: str, results: dict[str, Any], out_dir: str | None = None) -> Path:
+    """`benchmarks/results/<UTC stamp>-<name>/` (or `out_dir`) with results.json, command.txt
+    and environment.txt."""
+    from inferengine.bench.environment import environment_text
+
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    folder = Path(out_dir) if out_dir else RESULTS / f"{stamp}-{name}"
+    folder.mkdir(parents=True, exist_ok=True)
+    command = shlex.join([sys.executable, *sys.argv])
+    (folder / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (folder / "command.txt").write_text(command + "\n")
+    (folder / "environment.txt").write_text(environment_text({name: command}))
+    return folder
