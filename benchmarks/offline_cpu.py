@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from result_folder import write_result_folder  # noqa: E402
+from result_folder import write_result_folder
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -11,10 +11,8 @@ logger = init_logger(__name__)
 
 
 def _triton_usable(device: str) -> bool:
-    try:
-        from inferengine.kernels import triton_available
-    except ImportError:
-        return False
+    from inferengine.kernels.triton_utils import triton_available
+
     return device == "cuda" and triton_available()
 
 

