@@ -121,7 +121,7 @@ class DecoderAttention(nn.Module):
             q = self.q_norm(q.reshape(n, -1, self.head_dim)).view(n, self.q_size)
             k = self.k_norm(k.reshape(n, -1, self.head_dim)).view(n, self.kv_size)
         q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v.contiguous(), kv_cache, metadata))
+        return self.o_proj(self.attn(q, k, v, kv_cache, metadata))
 
 
 class DecoderMLP(nn.Module):

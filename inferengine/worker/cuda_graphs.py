@@ -33,9 +33,13 @@ def default_capture_sizes(max_num_seqs: int, max_num_tokens: int) -> list[int]:
 
 
 class CudaGraphRunner:
-    def __init__(self, runner: ModelRunner, sizes: list[int]):
+    """With `capture=False` (`--enforce-eager`) decode steps take the same padded shapes and
+    launch bounds but run eagerly, so graphs change nothing about the numbers."""
+
+    def __init__(self, runner: ModelRunner, sizes: list[int], capture: bool = True):
         self.runner = runner
         self.sizes = sorted(sizes)
+        self.use_graphs = capture
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.hidden: dict[int, torch.Tensor] = {}
         self._metadata: dict[int, AttentionMetadata] = {}
@@ -93,10 +97,14 @@ class CudaGraphRunner:
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-        logger.info("captured %d CUDA graphs (batch 1..%d) in %.2f s", len(self.sizes), max_size, seconds)
+        logger.info(
+            "captured %d CUDA graphs (batch 1..%d) in %.2f s", len(self.sizes), max_size, seconds
+        )
         return seconds
 
     def replay(self, size: int) -> torch.Tensor:
         """Run the captured forward; returns its hidden states [size, hidden]."""
+        if not self.use_graphs:
+            return self._forward(size)
         self.graphs[size].replay()
         return self.hidden[size]

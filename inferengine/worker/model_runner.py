@@ -244,14 +244,20 @@ class ModelRunner:
                 state.prompt_token_ids[first_pos + 1 : first_pos + 1 + count], device=self.device
             )
             ids, values, ranks = gather_logprobs(logits.log_softmax(-1), targets, num_top)
-            output.prompt_logprobs[req_id] = (ids.tolist(), values.tolist(), ranks.tolist(), first_pos)
+            output.prompt_logprobs[req_id] = (
+                ids.tolist(),
+                values.tolist(),
+                ranks.tolist(),
+                first_pos,
+            )
 
     # ---- start-up ----------------------------------------------------------------------
 
-    def capture_cuda_graphs(self, sizes: list[int]) -> float:
-        """Capture decode steps at each padded batch size; returns the seconds it took."""
-        self.graphs = CudaGraphRunner(self, sizes)
-        return self.graphs.capture()
+    def capture_cuda_graphs(self, sizes: list[int], capture: bool = True) -> float:
+        """Pad decode steps to `sizes` and capture a graph for each (unless `capture` is
+        False); returns the seconds it took."""
+        self.graphs = CudaGraphRunner(self, sizes, capture)
+        return self.graphs.capture() if capture else 0.0
 
     @torch.inference_mode()
     def profile_run(self) -> None:

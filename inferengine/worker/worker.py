@@ -50,21 +50,14 @@ class Worker:
         self.runner.kv_caches = kv_memory.allocate_kv_caches(
             self.config, num_blocks, self.dtype, self.device
         )
-        if self.uses_cuda_graphs:
+        # The torch reference backend reads lengths on the host, so it cannot be captured;
+        # with --enforce-eager, decode steps keep the padded shapes but run eagerly.
+        if self.device.type == "cuda" and self.attn_backend.name == "triton":
             sc = self.config.scheduler_config
             sizes = self.config.cuda_graph_sizes or default_capture_sizes(
                 sc.max_num_seqs, sc.max_num_batched_tokens
             )
-            self.runner.capture_cuda_graphs(sizes)
-
-    @property
-    def uses_cuda_graphs(self) -> bool:
-        # The torch reference backend reads lengths on the host, so it cannot be captured.
-        return (
-            self.device.type == "cuda"
-            and not self.config.enforce_eager
-            and self.attn_backend.name == "triton"
-        )
+            self.runner.capture_cuda_graphs(sizes, capture=not self.config.enforce_eager)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(scheduler_output)

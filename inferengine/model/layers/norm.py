@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from inferengine.model.layers.fused import use_fused_kernels
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6):
@@ -21,7 +23,16 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """`norm(x)`, or with a residual: `(norm(x + residual), x + residual)`."""
+        """`norm(x)`, or with a residual: `(norm(x + residual), x + residual)`.
+
+        On CUDA one fused kernel does both, in place on `x` and `residual`.
+        """
+        if use_fused_kernels(x):
+            from inferengine.kernels.norm import fused_add_rms_norm, rms_norm
+
+            if residual is None:
+                return rms_norm(x, self.weight, self.eps)
+            return fused_add_rms_norm(x, residual, self.weight, self.eps)
         if residual is None:
             return self._norm(x)
         residual = x + residual

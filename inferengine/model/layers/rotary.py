@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from inferengine.errors import ModelLoadError
+from inferengine.model.layers.fused import use_fused_kernels
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -121,7 +122,11 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """query [T, Hq·D], key [T, Hkv·D] → rotated copies."""
+        """query [T, Hq·D], key [T, Hkv·D] → rotated (in place on CUDA, copies on the CPU)."""
+        if use_fused_kernels(query):
+            from inferengine.kernels.rotary import rotary_embedding
+
+            return rotary_embedding(positions, query, key, self.cos_sin_cache, self.head_dim)
         cos_sin = self.cos_sin_cache[positions]
         cos, sin = cos_sin.chunk(2, dim=-1)
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
