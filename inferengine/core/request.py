@@ -69,6 +69,9 @@ class Request:
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.spec_token_ids: list[int] = []
         self.num_computed_tokens = 0
+        # Tokens being sampled by launched steps whose results have not come back yet (async
+        # scheduling schedules the next step before the last one's tokens are known).
+        self.num_output_placeholders = 0
         self.num_cached_tokens = -1  # prefix-cache hit at first scheduling; -1 until then
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None

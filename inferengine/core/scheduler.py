@@ -228,7 +228,10 @@ class Scheduler:
         )
         self.finished_req_ids = set()
         for req_id, n in num_scheduled.items():
-            self.requests[req_id].num_computed_tokens += n
+            request = self.requests[req_id]
+            request.num_computed_tokens += n
+            if request.num_computed_tokens >= request.num_tokens + request.num_output_placeholders:
+                request.num_output_placeholders += 1  # this step samples its next token
         self._last_step_tokens = total
         return output
 
@@ -237,9 +240,12 @@ class Scheduler:
         return min(budget, threshold) if threshold > 0 else budget
 
     def _num_new_tokens(self, request: Request, budget: int) -> int:
-        return min(
-            request.num_tokens_with_spec - request.num_computed_tokens, self._chunk_cap(budget)
-        )
+        pending = request.num_output_placeholders
+        if pending and request.num_output_tokens + pending >= request.max_tokens:
+            return 0  # its last token is already on its way
+        known = request.num_tokens_with_spec + pending
+        limit = self.max_model_len - request.num_computed_tokens
+        return min(known - request.num_computed_tokens, limit, self._chunk_cap(budget))
 
     def _pick_victim(self) -> Request:
         if self.config.policy == "priority":
@@ -269,6 +275,10 @@ class Scheduler:
             if request is None or request.is_finished:
                 continue
             sampled = runner_output.sampled_token_ids[index[req_id]] if req_id in index else []
+            if sampled:
+                request.num_output_placeholders = max(
+                    0, request.num_output_placeholders - len(sampled)
+                )
             new_tokens = self._append_and_check_stop(request, sampled)
             prompt_lp = runner_output.prompt_logprobs.get(req_id)
             if not new_tokens and prompt_lp is None:
@@ -315,6 +325,8 @@ class Scheduler:
             if request.is_finished:
                 if request in self.running:
                     self.running.remove(request)
+                else:  # preempted while its last token was on its way
+                    self.waiting.remove({request})
                 break
         return accepted
 

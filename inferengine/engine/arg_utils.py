@@ -48,6 +48,7 @@ _HELP = {
     "scheduling_policy": "fcfs, or priority (lower `priority` value first)",
     "tensor_parallel_size": "GPUs to split the model over",
     "served_model_name": "the model name clients send and see (default: --model)",
+    "async_scheduling": "schedule the next step while the GPU runs this one",
 }
 
 
@@ -75,7 +76,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     num_gpu_blocks_override: int | None = None
     max_waiting_requests: int | None = None
-    async_scheduling: bool = False
+    async_scheduling: bool = True
     served_model_name: str | None = None
 
     def create_engine_config(self) -> EngineConfig:

@@ -6,14 +6,19 @@ Runs in-process (for `LLM` and tests) or in its own process behind `core_client`
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from inferengine.config import EngineConfig
 from inferengine.core.engine_io import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from inferengine.core.request import FinishReason, Request, RequestStatus
+from inferengine.core.sched_output import SchedulerOutput
 from inferengine.core.scheduler import Scheduler
 from inferengine.errors import ConfigError
 from inferengine.executor.uniproc import UniprocExecutor
 from inferengine.logger import init_logger
+
+if TYPE_CHECKING:
+    from inferengine.worker.pending_step import PendingStep
 
 logger = init_logger(__name__)
 
@@ -30,6 +35,8 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config)
         self._pending_errors: dict[str, str] = {}
         self._pending_outputs: list[EngineCoreOutput] = []
+        self.async_scheduling = config.scheduler_config.async_scheduling
+        self._inflight: tuple[SchedulerOutput, PendingStep] | None = None
         logger.info("engine core ready in %.2f s", time.perf_counter() - start)
 
     def _check_capacity(self, num_blocks: int) -> None:
@@ -96,17 +103,29 @@ class EngineCore:
     # ---- the loop ----------------------------------------------------------------------
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self._pending_outputs)
+        return (
+            self.scheduler.has_unfinished_requests()
+            or bool(self._pending_outputs)
+            or self._inflight is not None
+        )
 
     def step(self) -> EngineCoreOutputs:
+        """One step. With async scheduling, launch step N+1 before collecting step N, so the
+        host schedules and prepares while the GPU computes; the outputs are step N's."""
+        launched = None
         if self.scheduler.has_unfinished_requests():
             scheduler_output = self.scheduler.schedule()
-            runner_output = self.executor.execute_model(scheduler_output)
-            outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+            launched = (scheduler_output, self.executor.execute_model_async(scheduler_output))
+        if not self.async_scheduling and launched is not None:
+            self._inflight, launched = launched, None
+        if self._inflight is not None:
+            scheduler_output, pending = self._inflight
+            outputs = self.scheduler.update_from_output(scheduler_output, pending.resolve())
         else:
             outputs = EngineCoreOutputs(
                 scheduler_stats=self.scheduler.make_stats(), timestamp=time.time()
             )
+        self._inflight = launched
         if self._pending_outputs:
             outputs.outputs.extend(self._pending_outputs)
             outputs.errors = self._pending_errors

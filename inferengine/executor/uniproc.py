@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from inferengine.config import EngineConfig
 from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from inferengine.worker.pending_step import PendingStep
 from inferengine.worker.worker import Worker
 
 
@@ -19,6 +20,9 @@ class UniprocExecutor:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(scheduler_output)
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> PendingStep:
+        return self.worker.runner.execute_model_async(scheduler_output)
 
     @property
     def attention_backend_name(self) -> str:

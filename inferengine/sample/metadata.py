@@ -11,7 +11,7 @@ from inferengine.sampling_params import SamplingParams
 
 @dataclass
 class SamplingMetadata:
-    temperature: torch.Tensor  # float32 [B]; rows with 0 are greedy
+    temperature: torch.Tensor | None  # float32 [B]; rows with 0 are greedy. None: all greedy
     top_k: torch.Tensor | None  # int64 [B]; 0 = off. None when no row uses it
     top_p: torch.Tensor | None  # float32 [B]; 1 = off
     min_p: torch.Tensor | None  # float32 [B]; 0 = off
@@ -34,6 +34,13 @@ class SamplingMetadata:
         return self.repetition_penalty is not None
 
 
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small tensor on `device` without a host sync (pinned memory, asynchronous copy)."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype)
+    return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
+
+
 def build_sampling_metadata(
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
@@ -50,7 +57,7 @@ def build_sampling_metadata(
     def column(values: list, dtype: torch.dtype, neutral) -> torch.Tensor | None:
         if all(v == neutral for v in values):
             return None
-        return torch.tensor(values, dtype=dtype, device=device)
+        return to_device(values, dtype, device)
 
     any_penalty = any(
         p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in params
@@ -64,20 +71,20 @@ def build_sampling_metadata(
             banned[row] = sorted(ids)
     wants_logprobs = [p.logprobs for p in params if p.logprobs is not None]
     return SamplingMetadata(
-        temperature=torch.tensor(temperature, dtype=torch.float32, device=device),
+        temperature=None if all_greedy else to_device(temperature, torch.float32, device),
         top_k=None if all_greedy else column([p.top_k for p in params], torch.int64, 0),
         top_p=None if all_greedy else column([p.top_p for p in params], torch.float32, 1.0),
         min_p=None if all_greedy else column([p.min_p for p in params], torch.float32, 0.0),
         all_greedy=all_greedy,
         all_random=all_random,
         generators={row: g for row, g in enumerate(generators) if g is not None},
-        presence_penalty=torch.tensor([p.presence_penalty for p in params], device=device)
+        presence_penalty=to_device([p.presence_penalty for p in params], torch.float32, device)
         if any_penalty
         else None,
-        frequency_penalty=torch.tensor([p.frequency_penalty for p in params], device=device)
+        frequency_penalty=to_device([p.frequency_penalty for p in params], torch.float32, device)
         if any_penalty
         else None,
-        repetition_penalty=torch.tensor([p.repetition_penalty for p in params], device=device)
+        repetition_penalty=to_device([p.repetition_penalty for p in params], torch.float32, device)
         if any_penalty
         else None,
         output_token_ids=output_token_ids if any_penalty else [],

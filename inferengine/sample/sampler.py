@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inferengine.sample.metadata import SamplingMetadata
+from inferengine.sample.metadata import SamplingMetadata, to_device
 
 
 @dataclass
@@ -52,20 +52,26 @@ def _token_counts(
         for row, ids in enumerate(token_ids):
             if ids:
                 padded[row, : len(ids)] = torch.tensor(ids)
-        padded = padded.clamp_(0, vocab).to(device)
+        padded = padded.clamp_(0, vocab)
+        if device.type == "cuda":
+            padded = padded.pin_memory().to(device, non_blocking=True)
         counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=torch.float32))
     return counts[:, :vocab]
 
 
 def apply_bias_and_bans(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """Add each row's logit bias and ban its min-tokens stop ids, on a copy of `logits`."""
+    logits = logits.clone()  # the caller's logits (often the model's output) stay as they are
     vocab = logits.shape[1]
+    device = logits.device
     for row, bias in enumerate(md.logit_bias):
         if bias:
-            ids = torch.tensor([i for i in bias if i < vocab], device=logits.device)
-            values = torch.tensor([b for i, b in bias.items() if i < vocab], device=logits.device)
-            logits[row, ids] += values
-    for row, ids in md.banned_token_ids.items():
-        logits[row, [i for i in ids if i < vocab]] = float("-inf")
+            ids = to_device([i for i in bias if i < vocab], torch.int64, device)
+            values = to_device([b for i, b in bias.items() if i < vocab], torch.float32, device)
+            logits[row].index_add_(0, ids, values)
+    for row, banned in md.banned_token_ids.items():
+        ids = to_device([i for i in banned if i < vocab], torch.int64, device)
+        logits[row].index_fill_(0, ids, float("-inf"))
     return logits
 
 
@@ -90,9 +96,10 @@ def apply_top_k_top_p(
         sorted_logits = sorted_logits.masked_fill(sorted_logits < kth_smallest_kept, float("-inf"))
     if top_p is not None:
         probs = sorted_logits.softmax(dim=-1)
-        # Mass of the tokens more likely than each one: it stays while that is below p.
-        mass_above = probs.flip(-1).cumsum(-1).flip(-1) - probs
-        drop = mass_above >= top_p.unsqueeze(1)
+        # A token stays while the mass of the tokens more likely than it, 1 - (its own and the
+        # less likely ones'), is below p. Summing from the least likely side keeps p = 1 exact
+        # (`suffix_sum - p` rounds to 1.0 in float32 and dropped tail tokens of p = 1 rows).
+        drop = probs.cumsum(dim=-1) <= 1.0 - top_p.unsqueeze(1)
         drop[:, -1] = False
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
@@ -120,6 +127,7 @@ class Sampler:
         if md.all_greedy:
             sampled = greedy
         else:
+            assert md.temperature is not None
             logits = logits / torch.where(md.temperature > 0, md.temperature, 1.0).unsqueeze(1)
             if md.min_p is not None:
                 logits = apply_min_p(logits, md.min_p)

@@ -41,21 +41,26 @@ class InputBuffers:
         self.token_ids = np.zeros((max_num_seqs, max_model_len + 1), dtype=np.int64)
         self.block_table = np.zeros((max_num_seqs, self.max_blocks), dtype=np.int32)
         self.free_rows = list(range(max_num_seqs - 1, -1, -1))
-        # Staging (pinned when a GPU is there) and the device copies they feed.
+        # Two sets of staging buffers (pinned when a GPU is there), used in turn: with async
+        # scheduling a step is staged while the previous step's copies may still be queued.
         pin = device.type == "cuda"
         n, b = max_num_tokens, max_num_seqs
+        self._staging = [_Staging(n, b, self.max_blocks, pin) for _ in range(2)]
+        self._turn = 0
+        self.st = self._staging[0]
 
-        def pair(shape, dtype):
-            host = torch.zeros(shape, dtype=dtype, pin_memory=pin)
-            return host, host.numpy(), torch.zeros(shape, dtype=dtype, device=device)
+        def dev(shape, dtype):
+            return torch.zeros(shape, dtype=dtype, device=device)
 
-        self.input_ids_h, self.input_ids_np, self.input_ids = pair(n, torch.int64)
-        self.positions_h, self.positions_np, self.positions = pair(n, torch.int64)
-        self.slots_h, self.slots_np, self.slot_mapping = pair(n, torch.int64)
-        self.qsl_h, self.qsl_np, self.query_start_loc = pair(b + 1, torch.int32)
-        self.seq_lens_h, self.seq_lens_np, self.seq_lens = pair(b, torch.int32)
-        self.logits_idx_h, self.logits_idx_np, self.logits_indices = pair(b, torch.int64)
-        self.table_h, self.table_np, self.block_table_dev = pair((b, self.max_blocks), torch.int32)
+        self.input_ids = dev(n, torch.int64)
+        self.positions = dev(n, torch.int64)
+        self.slot_mapping = dev(n, torch.int64)
+        self.query_start_loc = dev(b + 1, torch.int32)
+        self.seq_lens = dev(b, torch.int32)
+        self.logits_indices = dev(b, torch.int64)
+        self.block_table_dev = dev((b, self.max_blocks), torch.int32)
+        self.fill_dst = dev(b, torch.int64)
+        self.fill_src = dev(b, torch.int64)
 
     # ---- rows --------------------------------------------------------------------------
 
@@ -71,11 +76,13 @@ class InputBuffers:
     # ---- one step ----------------------------------------------------------------------
 
     def stage(self, layout: StepLayout, pad_tokens: int = 0, pad_seqs: int = 0) -> int:
-        """Fill the staging buffers for `layout` and copy them to the device.
+        """Fill a staging set for `layout` and copy it to the device.
 
         With padding (CUDA graphs), `pad_seqs` sequences of one dummy token each follow: they
         read the null block and write nowhere (slot −1). Returns the number of tokens staged.
         """
+        self._turn ^= 1
+        st = self.st = self._staging[self._turn]
         bs = self.block_size
         b = layout.num_seqs
         n_sched = layout.num_scheduled
@@ -85,38 +92,67 @@ class InputBuffers:
         offsets = np.arange(num_tokens) - np.repeat(cu - n_sched, n_sched)
         positions = layout.starts[seq_of_token] + offsets
         rows = layout.rows[seq_of_token]
-        self.positions_np[:num_tokens] = positions
-        self.input_ids_np[:num_tokens] = self.token_ids[rows, positions]
+        st.positions[:num_tokens] = positions
+        st.input_ids[:num_tokens] = self.token_ids[rows, positions]
         block_ids = self.block_table[rows, positions // bs]
-        self.slots_np[:num_tokens] = block_ids.astype(np.int64) * bs + positions % bs
-        self.qsl_np[0] = 0
-        self.qsl_np[1 : b + 1] = cu
-        self.seq_lens_np[:b] = layout.starts + n_sched
-        self.table_np[:b] = self.block_table[layout.rows]
+        st.slots[:num_tokens] = block_ids.astype(np.int64) * bs + positions % bs
+        st.qsl[0] = 0
+        st.qsl[1 : b + 1] = cu
+        st.seq_lens[:b] = layout.starts + n_sched
+        st.table[:b] = self.block_table[layout.rows]
         total_tokens, total_seqs = num_tokens, b
         if pad_seqs:
-            self.input_ids_np[num_tokens : num_tokens + pad_tokens] = 0
-            self.positions_np[num_tokens : num_tokens + pad_tokens] = 0
-            self.slots_np[num_tokens : num_tokens + pad_tokens] = -1
-            self.qsl_np[b + 1 : b + 1 + pad_seqs] = cu[-1] + np.arange(1, pad_seqs + 1)
-            self.seq_lens_np[b : b + pad_seqs] = 1
-            self.table_np[b : b + pad_seqs] = 0
+            st.input_ids[num_tokens : num_tokens + pad_tokens] = 0
+            st.positions[num_tokens : num_tokens + pad_tokens] = 0
+            st.slots[num_tokens : num_tokens + pad_tokens] = -1
+            st.qsl[b + 1 : b + 1 + pad_seqs] = cu[-1] + np.arange(1, pad_seqs + 1)
+            st.seq_lens[b : b + pad_seqs] = 1
+            st.table[b : b + pad_seqs] = 0
             total_tokens += pad_tokens
             total_seqs += pad_seqs
-        self._copy(total_tokens, total_seqs)
+        st.copy_to(self, total_tokens, total_seqs)
         return total_tokens
-
-    def _copy(self, num_tokens: int, num_seqs: int) -> None:
-        kw = {"non_blocking": True}
-        self.input_ids[:num_tokens].copy_(self.input_ids_h[:num_tokens], **kw)
-        self.positions[:num_tokens].copy_(self.positions_h[:num_tokens], **kw)
-        self.slot_mapping[:num_tokens].copy_(self.slots_h[:num_tokens], **kw)
-        self.query_start_loc[: num_seqs + 1].copy_(self.qsl_h[: num_seqs + 1], **kw)
-        self.seq_lens[:num_seqs].copy_(self.seq_lens_h[:num_seqs], **kw)
-        self.block_table_dev[:num_seqs].copy_(self.table_h[:num_seqs], **kw)
 
     def stage_logits_indices(self, indices: list[int]) -> torch.Tensor:
         n = len(indices)
-        self.logits_idx_np[:n] = indices
-        self.logits_indices[:n].copy_(self.logits_idx_h[:n], non_blocking=True)
+        self.st.logits_idx[:n] = indices
+        self.logits_indices[:n].copy_(self.st.logits_idx_t[:n], non_blocking=True)
         return self.logits_indices[:n]
+
+    def fill_from_device(self, dst: list[int], src: list[int], values: torch.Tensor) -> None:
+        """input_ids[dst[i]] = values[src[i]] on the device: tokens sampled by the previous
+        step that the host has not seen yet (async scheduling)."""
+        n = len(dst)
+        self.st.fill_dst[:n] = dst
+        self.st.fill_src[:n] = src
+        self.fill_dst[:n].copy_(self.st.fill_dst_t[:n], non_blocking=True)
+        self.fill_src[:n].copy_(self.st.fill_src_t[:n], non_blocking=True)
+        self.input_ids.index_copy_(0, self.fill_dst[:n], values.index_select(0, self.fill_src[:n]))
+
+
+class _Staging:
+    """One set of host staging buffers: pinned tensors and numpy views of them."""
+
+    def __init__(self, max_tokens: int, max_seqs: int, max_blocks: int, pin: bool):
+        def host(shape, dtype):
+            t = torch.zeros(shape, dtype=dtype, pin_memory=pin)
+            return t, t.numpy()
+
+        self.input_ids_t, self.input_ids = host(max_tokens, torch.int64)
+        self.positions_t, self.positions = host(max_tokens, torch.int64)
+        self.slots_t, self.slots = host(max_tokens, torch.int64)
+        self.qsl_t, self.qsl = host(max_seqs + 1, torch.int32)
+        self.seq_lens_t, self.seq_lens = host(max_seqs, torch.int32)
+        self.table_t, self.table = host((max_seqs, max_blocks), torch.int32)
+        self.logits_idx_t, self.logits_idx = host(max_seqs, torch.int64)
+        self.fill_dst_t, self.fill_dst = host(max_seqs, torch.int64)
+        self.fill_src_t, self.fill_src = host(max_seqs, torch.int64)
+
+    def copy_to(self, buffers: InputBuffers, num_tokens: int, num_seqs: int) -> None:
+        kw = {"non_blocking": True}
+        buffers.input_ids[:num_tokens].copy_(self.input_ids_t[:num_tokens], **kw)
+        buffers.positions[:num_tokens].copy_(self.positions_t[:num_tokens], **kw)
+        buffers.slot_mapping[:num_tokens].copy_(self.slots_t[:num_tokens], **kw)
+        buffers.query_start_loc[: num_seqs + 1].copy_(self.qsl_t[: num_seqs + 1], **kw)
+        buffers.seq_lens[:num_seqs].copy_(self.seq_lens_t[:num_seqs], **kw)
+        buffers.block_table_dev[:num_seqs].copy_(self.table_t[:num_seqs], **kw)

@@ -21,6 +21,7 @@ from inferengine.sample.sampler import Sampler, gather_logprobs
 from inferengine.sampling_params import SamplingParams
 from inferengine.worker.cuda_graphs import CudaGraphRunner
 from inferengine.worker.input_batch import InputBuffers, StepLayout
+from inferengine.worker.pending_step import PendingStep
 
 
 @dataclass(slots=True)
@@ -46,6 +47,7 @@ class StepInputs:
     logits_rows: list[int]  # flat token index of each sampling row's last token
     prompt_logprob_rows: dict[str, tuple[int, int, int]]  # req -> (flat start, count, first pos)
     graph_size: int | None  # padded batch size of the CUDA graph to replay, if any
+    num_scheduled: list[int]  # tokens per request, in batch order
 
 
 class ModelRunner:
@@ -68,6 +70,8 @@ class ModelRunner:
             device,
         )
         self.graphs: CudaGraphRunner | None = None
+        self._last: PendingStep | None = None  # the last launched step
+        self._last_index: dict[str, int] = {}  # request -> its row in that step's samples
 
     # ---- state -------------------------------------------------------------------------
 
@@ -77,6 +81,7 @@ class ModelRunner:
             state = self.requests.pop(req_id, None)
             if state is not None:
                 buffers.free_row(state.row)
+                state.row = -1  # a pending step may still hold it
         for new in so.scheduled_new_reqs:
             params = new.sampling_params
             generator = None
@@ -152,7 +157,7 @@ class ModelRunner:
                 seq_lens=self.buffers.seq_lens[:b],
                 block_table=self.buffers.block_table_dev[:b, :num_blocks],
                 slot_mapping=self.buffers.slot_mapping[:num_tokens],
-                query_start_loc_cpu=self.buffers.qsl_np[: b + 1].tolist(),
+                query_start_loc_cpu=self.buffers.st.qsl[: b + 1].tolist(),
                 seq_lens_cpu=seq_lens_np.tolist(),
             )
         return StepInputs(
@@ -163,16 +168,27 @@ class ModelRunner:
             logits_rows=logits_rows,
             prompt_logprob_rows=prompt_rows,
             graph_size=graph_size,
+            num_scheduled=layout.num_scheduled.tolist(),
         )
 
     # ---- one step ----------------------------------------------------------------------
 
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        return self.execute_model_async(so).resolve()
+
+    @torch.inference_mode()
+    def execute_model_async(self, so: SchedulerOutput) -> PendingStep:
+        """Launch one step; its sampled tokens reach the host when the result is resolved.
+
+        A decode whose previous token is still on its way takes it straight from the device.
+        """
         self._update_states(so)
         if so.is_empty:
-            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+            return PendingStep(ModelRunnerOutput([], []), [], [], None, self.buffers.token_ids)
+        self._resolve_if_history_needed(so)
         inputs = self._prepare_inputs(so)
+        self._fill_pending_tokens(inputs)
         output = ModelRunnerOutput(
             req_ids=inputs.req_ids, sampled_token_ids=[[] for _ in inputs.req_ids]
         )
@@ -187,51 +203,58 @@ class ModelRunner:
                 self.kv_caches,
                 inputs.metadata,
             )
-        logits = None
+        states = [self.requests[inputs.req_ids[row]] for row in inputs.sample_rows]
+        result = None
         if inputs.sample_rows:
             rows = self.buffers.stage_logits_indices(inputs.logits_rows)
             logits = self.model.compute_logits(hidden[rows])
-        if inputs.sample_rows:
-            assert logits is not None
-            self._sample(inputs, logits, output)
+            md = build_sampling_metadata(
+                [s.sampling_params for s in states],
+                [s.generator for s in states],
+                [s.output_token_ids for s in states],
+                [s.prompt_token_ids for s in states],
+                [s.eos_token_id for s in states],
+                self.device,
+            )
+            result = self.sampler(logits, md)
         if inputs.prompt_logprob_rows:
             self._prompt_logprobs(inputs, hidden, output)
-        return output
+        pending = PendingStep(output, inputs.sample_rows, states, result, self.buffers.token_ids)
+        self._last = pending
+        self._last_index = {s.req_id: i for i, s in enumerate(states)}
+        return pending
 
-    def _sample(self, inputs: StepInputs, logits: torch.Tensor, output: ModelRunnerOutput) -> None:
-        states = [self.requests[inputs.req_ids[row]] for row in inputs.sample_rows]
-        md = build_sampling_metadata(
-            [s.sampling_params for s in states],
-            [s.generator for s in states],
-            [s.output_token_ids for s in states],
-            [s.prompt_token_ids for s in states],
-            [s.eos_token_id for s in states],
-            self.device,
-        )
-        result = self.sampler(logits, md)
-        sampled = result.sampled.tolist()  # the one host sync of the step
-        if result.logprobs is not None:
-            assert result.logprob_token_ids is not None and result.sampled_ranks is not None
-            ids, values, ranks = (
-                result.logprob_token_ids.tolist(),
-                result.logprobs.tolist(),
-                result.sampled_ranks.tolist(),
-            )
-        token_buf = self.buffers.token_ids
-        for i, (row, state) in enumerate(zip(inputs.sample_rows, states, strict=True)):
-            token = sampled[i]
-            output.sampled_token_ids[row] = [token]
-            state.output_token_ids.append(token)
-            if state.num_tokens < token_buf.shape[1]:
-                token_buf[state.row, state.num_tokens] = token
-            state.num_tokens += 1
-            num_top = state.sampling_params.logprobs
-            if num_top is not None and result.logprobs is not None:
-                output.logprobs[state.req_id] = (
-                    [ids[i][: 1 + num_top]],
-                    [values[i][: 1 + num_top]],
-                    [ranks[i]],
+    def _resolve_if_history_needed(self, so: SchedulerOutput) -> None:
+        """Penalties and min_tokens need every earlier token on the host: wait for them."""
+        if self._last is None or self._last._resolved:
+            return
+        for req_id in so.num_scheduled_tokens:
+            state = self.requests[req_id]
+            p = state.sampling_params
+            if req_id in self._last_index and (
+                p.presence_penalty
+                or p.frequency_penalty
+                or p.repetition_penalty != 1.0
+                or p.min_tokens > len(state.output_token_ids)
+            ):
+                self._last.resolve()
+                return
+
+    def _fill_pending_tokens(self, inputs: StepInputs) -> None:
+        dst, src = [], []
+        flat = 0
+        for req_id, n in zip(inputs.req_ids, inputs.num_scheduled, strict=True):
+            state = self.requests[req_id]
+            if state.num_computed_tokens >= state.num_tokens:
+                assert self._last is not None and req_id in self._last_index, (
+                    f"the token at position {state.num_tokens} of {req_id} is unknown"
                 )
+                dst.append(flat)
+                src.append(self._last_index[req_id])
+            flat += n
+        if dst:
+            assert self._last is not None and self._last.sampled_device is not None
+            self.buffers.fill_from_device(dst, src, self._last.sampled_device)
 
     def _prompt_logprobs(
         self, inputs: StepInputs, hidden: torch.Tensor, output: ModelRunnerOutput

@@ -47,6 +47,13 @@ MODES = {
     # A page pool too small for all requests at once: requests get preempted and recomputed.
     "preemption": dict(num_gpu_blocks_override=24, max_num_batched_tokens=128, max_model_len=330),
     "no-prefix-cache": dict(enable_prefix_caching=False),
+    # The next step is scheduled before the last one's tokens are known.
+    "async-scheduling-preemption": dict(
+        async_scheduling=True,
+        num_gpu_blocks_override=24,
+        max_num_batched_tokens=96,
+        max_model_len=330,
+    ),
 }
 
 
@@ -62,7 +69,7 @@ def test_greedy_matches_transformers(tiny_checkpoint, arch, mode):
     outputs = _generate(llm)
     assert _token_ids(outputs) == _expected(str(path))
     assert all(o.outputs[0].finish_reason == "length" for o in outputs)
-    if mode == "preemption":
+    if "preemption" in mode:
         assert llm.llm_engine.core.scheduler.num_preemptions > 0
 
 
