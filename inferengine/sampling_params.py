@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -64,6 +65,16 @@ class SamplingParams:
         def bad(param: str, message: str) -> InvalidRequestError:
             return InvalidRequestError(message, param=param)
 
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+        ):
+            if not math.isfinite(getattr(self, name)):
+                raise bad(name, f"{name} must be a finite number, got {getattr(self, name)}.")
         if self.n < 1:
             raise bad("n", f"n must be at least 1, got {self.n}.")
         for name in ("presence_penalty", "frequency_penalty"):

@@ -241,7 +241,10 @@ class Scheduler:
 
     def _num_new_tokens(self, request: Request, budget: int) -> int:
         pending = request.num_output_placeholders
-        if pending and request.num_output_tokens + pending >= request.max_tokens:
+        if pending and (
+            request.num_output_tokens + pending >= request.max_tokens
+            or request.num_tokens + pending >= self.max_model_len
+        ):
             return 0  # its last token is already on its way
         known = request.num_tokens_with_spec + pending
         limit = self.max_model_len - request.num_computed_tokens

@@ -87,6 +87,12 @@ class ModelRunner:
             generator = None
             if params.seed is not None and not params.greedy:
                 generator = torch.Generator(device=self.device).manual_seed(params.seed)
+                # Resumed after a preemption: skip the draws its earlier tokens used, so the
+                # same seed gives the same text with or without preemption.
+                for _ in new.output_token_ids:
+                    torch.empty(self.vocab_size, device=self.device).exponential_(
+                        generator=generator
+                    )
             tokens = new.prompt_token_ids + new.output_token_ids
             self.requests[new.req_id] = RequestState(
                 req_id=new.req_id,
