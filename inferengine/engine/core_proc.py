@@ -46,7 +46,7 @@ _encoder = msgspec.msgpack.Encoder()
 _decode_request = msgspec.msgpack.Decoder(EngineCoreRequest).decode
 _decode_any = msgspec.msgpack.Decoder().decode
 
-UTILITY_METHODS = ("reset_prefix_cache", "get_stats", "ping")
+UTILITY_METHODS = ("reset_prefix_cache", "get_stats", "device_memory", "ping")
 
 
 class EngineCoreProc:
@@ -55,6 +55,7 @@ class EngineCoreProc:
     def __init__(self, config: EngineConfig, input_addr: str, output_addr: str):
         from inferengine.engine.core import EngineCore
 
+        self.parent_pid = os.getppid()
         self.inputs: queue.Queue[tuple[Msg, Any]] = queue.Queue()
         self.outputs: queue.Queue[tuple[Msg, bytes] | None] = queue.Queue()
         self.ctx = zmq.Context()
@@ -110,7 +111,9 @@ class EngineCoreProc:
                         return
                     block = False
             except queue.Empty:
-                pass
+                if os.getppid() != self.parent_pid:
+                    logger.warning("the API process is gone; the engine core exits")
+                    return
             if core.has_unfinished_requests():
                 outputs: EngineCoreOutputs = core.step()
                 if outputs.outputs or outputs.errors:
@@ -136,6 +139,8 @@ class EngineCoreProc:
                 return UtilityResult(call_id, self.core.reset_prefix_cache())
             if method == "get_stats":
                 return UtilityResult(call_id, self.core.scheduler.make_stats())
+            if method == "device_memory":
+                return UtilityResult(call_id, _device_memory_used(self.core.config.device))
             if method == "ping":
                 return UtilityResult(call_id, "pong")
             return UtilityResult(call_id, error=f"unknown utility {method!r}")
@@ -147,9 +152,22 @@ class EngineCoreProc:
         self.core.shutdown()
 
 
+def _device_memory_used(device: str) -> int | None:
+    """Bytes in use on the engine's GPU (by every process), or None on the CPU."""
+    if device != "cuda":
+        return None
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
 def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str) -> None:
     """Entry point of the engine-core process."""
-    # The API process owns Ctrl-C and SIGTERM handling; it shuts the core down itself.
+    # The API process owns Ctrl-C and SIGTERM handling; it shuts the core down itself. The core
+    # leaves the process group so that a signal to the group (a terminal, `timeout`, `kill --
+    # -PGID`) reaches only the API process, which drains its requests before stopping the core.
+    os.setpgrp()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     try:

@@ -1,0 +1,90 @@
+"""`inferengine serve [MODEL]`: the OpenAI-compatible server under uvicorn, drained on SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+from typing import Any
+
+from inferengine import envs
+from inferengine.engine.arg_utils import EngineArgs
+from inferengine.entrypoints.openai.config import ServerConfig
+from inferengine.errors import ConfigError
+
+_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+_SERVER_HELP = {
+    "host": "address to listen on (0.0.0.0: every interface)",
+    "port": "port to listen on",
+    "api_key": "require `Authorization: Bearer <key>` on the API routes (not /health, /metrics)",
+    "max_request_body_bytes": "larger request bodies get 413",
+    "uvicorn_log_level": "uvicorn's log level (info prints one access line per request)",
+    "disable_log_requests": "do not log each request's parameters",
+    "drain_timeout": "on SIGTERM, seconds to wait for in-flight requests before exiting",
+}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
+        "/v1/chat/completions, /v1/models, /tokenize, /health, /metrics, ...). Every flag can "
+        "also be set as INFERENGINE_<FLAG>, e.g. INFERENGINE_PORT=9000.",
+    )
+    add_server_args(parser.add_argument_group("server"))
+    EngineArgs.add_cli_args(parser.add_argument_group("engine"))
+    parser.set_defaults(func=run)
+
+
+def add_server_args(parser: argparse._ActionsContainer) -> None:
+    for f in dataclasses.fields(ServerConfig):
+        flag = "--" + f.name.replace("_", "-")
+        env = envs.cli_default(f.name)
+        help_text = _SERVER_HELP[f.name]
+        if f.type == "bool":
+            default = env.lower() in ("1", "true", "yes", "on") if env is not None else f.default
+            parser.add_argument(flag, action="store_true", default=default, help=help_text)
+            continue
+        kind: Any = {"int": int, "float": float}.get(str(f.type), str)
+        try:
+            default = kind(env) if env is not None else f.default
+        except ValueError as e:
+            raise ConfigError(f"INFERENGINE_{f.name.upper()}={env!r} is not a valid value.") from e
+        choices = _LOG_LEVELS if f.name == "uvicorn_log_level" else None
+        parser.add_argument(flag, type=kind, default=default, choices=choices, help=help_text)
+
+
+def run(args: argparse.Namespace) -> int:
+    from inferengine.entrypoints.openai.api_server import run_server
+
+    engine_config = EngineArgs.from_cli_args(args).create_engine_config()
+    server_config = ServerConfig(
+        **{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig)}
+    )
+    return asyncio.run(
+        run_server(engine_config, server_config, lambda state: print_banner(state, server_config))
+    )
+
+
+def print_banner(state: Any, config: ServerConfig) -> None:
+    from inferengine import __version__
+
+    ec = state.engine_config
+    mc, cc = ec.model_config, ec.cache_config
+    info = state.engine.ready_info if state.engine is not None else {}
+    pages = max(0, int(info.get("num_blocks", cc.num_blocks)) - 1)
+    url = f"http://{config.host}:{config.port}"
+    lines = [
+        f"InferEngine {__version__} serving {mc.name!r} ({mc.architecture})",
+        f"  model       {mc.model_path}",
+        f"  device      {ec.device}, dtype {mc.dtype}, attention {info.get('attention_backend')}",
+        f"  KV cache    {pages} pages x {cc.block_size} tokens = {pages * cc.block_size} tokens",
+        f"  limits      max_model_len {mc.max_model_len}, "
+        f"max_num_seqs {ec.scheduler_config.max_num_seqs}",
+        f"  API key     {'required' if config.api_key else 'none'}",
+        f"  URL         {url}/v1  (health {url}/health, metrics {url}/metrics)",
+    ]
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,321 @@
+"""The OpenAI-compatible FastAPI app (routes, engine start-up in the background) and its runner."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
+
+from inferengine.config import EngineConfig
+from inferengine.engine.async_llm import AsyncLLM
+from inferengine.entrypoints.openai.config import ServerConfig
+from inferengine.entrypoints.openai.errors import (
+    ServiceUnavailableError,
+    install_error_handlers,
+    status_response,
+)
+from inferengine.entrypoints.openai.middleware import GateMiddleware
+from inferengine.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    GenerateRequest,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+)
+from inferengine.entrypoints.openai.serving_chat import ServingChat
+from inferengine.entrypoints.openai.serving_completions import ServingCompletion
+from inferengine.entrypoints.openai.serving_tokens import ServingTokens
+from inferengine.errors import EngineDeadError
+from inferengine.logger import init_logger
+from inferengine.metrics.prometheus import PrometheusStatLogger
+
+logger = init_logger(__name__)
+
+
+class ServerState:
+    """The app's state: the engine once started, its handlers, and the server's status."""
+
+    def __init__(self, engine_config: EngineConfig, config: ServerConfig):
+        self.engine_config = engine_config
+        self.config = config
+        self.api_key = config.api_key
+        self.max_request_body_bytes = config.max_request_body_bytes
+        mc, sc = engine_config.model_config, engine_config.scheduler_config
+        self.metrics = PrometheusStatLogger(
+            mc.name, mc.max_model_len, sc.max_num_batched_tokens, engine_config.device
+        )
+        self.engine: AsyncLLM | None = None
+        self.status = "starting"  # starting -> ready -> draining; or failed
+        self.error: str | None = None
+        self.draining = False
+        self.in_flight = 0  # API requests being served (see GateMiddleware)
+        self.started_at = time.time()
+        self.on_ready: Callable[[ServerState], None] | None = None
+        self.on_fatal: Callable[[str], None] | None = None
+        self.completions: ServingCompletion | None = None
+        self.chat: ServingChat | None = None
+        self.tokens: ServingTokens | None = None
+
+    async def start_engine(self) -> None:
+        try:
+            engine = await asyncio.to_thread(AsyncLLM, self.engine_config, [self.metrics])
+            self.engine = engine
+            await engine.start()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.status, self.error = "failed", f"{type(e).__name__}: {e}"
+            logger.error("the engine failed to start: %s", self.error)
+            if self.on_fatal is not None:
+                self.on_fatal(self.error)
+            return
+        log_requests = not self.config.disable_log_requests
+        self.completions = ServingCompletion(engine, log_requests)
+        self.chat = ServingChat(engine, log_requests)
+        self.tokens = ServingTokens(engine, log_requests)
+        self.status = "ready"
+        if self.on_ready is not None:
+            self.on_ready(self)
+
+    def check_serving(self) -> AsyncLLM:
+        """The engine, or the 503 error that says why requests cannot be served now."""
+        if self.status == "starting":
+            raise ServiceUnavailableError("The engine is still starting; retry shortly.")
+        if self.status == "failed":
+            raise EngineDeadError(f"The engine failed to start: {self.error}")
+        assert self.engine is not None
+        if not self.engine.is_running:
+            raise EngineDeadError(f"The engine is not running ({self.engine.dead_reason}).")
+        return self.engine
+
+    def unavailable_reason(self) -> str | None:
+        if self.draining:
+            return "The server is shutting down."
+        try:
+            self.check_serving()
+        except (ServiceUnavailableError, EngineDeadError) as e:
+            return e.message
+        return None
+
+    async def drain(self, timeout: float) -> None:
+        """Refuse new requests (503) and wait up to `timeout` s for in-flight ones to finish."""
+        self.draining = True
+        if self.status == "ready":
+            self.status = "draining"
+        deadline = time.monotonic() + timeout
+        logger.info(
+            "draining: %d request(s) in flight, waiting up to %.0f s", self.in_flight, timeout
+        )
+        while self.in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.in_flight:
+            logger.warning("drain timed out with %d request(s) in flight", self.in_flight)
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+def _json(model: BaseModel) -> Response:
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
+def _reply(result: Any) -> Response:
+    return result if isinstance(result, Response) else _json(result)
+
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    reason = _state(request).unavailable_reason()
+    if reason is not None:
+        return status_response(503, reason)
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/version")
+async def version() -> Response:
+    from inferengine import __version__
+
+    return JSONResponse({"version": __version__})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    state = _state(request)
+    engine = state.engine
+    if engine is not None and engine.is_running and state.status != "starting":
+        try:
+            await engine.refresh_stats()
+            state.metrics.update_scheduler_stats(engine.scheduler_stats)
+            if state.engine_config.device == "cuda" and engine.client is not None:
+                used = await engine.client.call_utility("device_memory", timeout=2.0)
+                if used is not None:
+                    state.metrics.set_gpu_memory_used(int(used))
+        except Exception as e:  # a scrape must not fail because the core is busy or gone
+            logger.debug("metrics: could not refresh engine stats: %s", e)
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/stats")
+async def stats(request: Request) -> Response:
+    state = _state(request)
+    engine = state.check_serving()
+    await engine.refresh_stats()
+    body = engine.get_stats()
+    body["engine_pid"] = engine.ready_info.get("pid")
+    body["server_status"] = state.status
+    body["server_in_flight"] = state.in_flight
+    return JSONResponse(body)
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> Response:
+    mc = _state(request).engine_config.model_config
+    card = ModelCard(
+        id=mc.name,
+        created=int(_state(request).started_at),
+        root=mc.model_path,
+        max_model_len=mc.max_model_len,
+    )
+    return _json(ModelList(data=[card]))
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    state = _state(request)
+    state.check_serving()
+    assert state.completions is not None
+    return _reply(await state.completions.create(body, request))
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    state = _state(request)
+    state.check_serving()
+    assert state.chat is not None
+    return _reply(await state.chat.create(body, request))
+
+
+@router.post("/v1/generate", response_model=None)
+async def generate(body: GenerateRequest, request: Request) -> Response:
+    state = _state(request)
+    state.check_serving()
+    assert state.tokens is not None
+    return _reply(await state.tokens.generate(body, request))
+
+
+@router.post("/tokenize", response_model=None)
+async def tokenize(body: TokenizeRequest, request: Request) -> Response:
+    state = _state(request)
+    state.check_serving()
+    assert state.tokens is not None
+    return _json(state.tokens.tokenize(body))
+
+
+@router.post("/detokenize", response_model=None)
+async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
+    state = _state(request)
+    state.check_serving()
+    assert state.tokens is not None
+    return _json(state.tokens.detokenize(body))
+
+
+def build_app(engine_config: EngineConfig, config: ServerConfig | None = None) -> FastAPI:
+    """The app; its lifespan starts the engine in the background (`/health` is 503 until then)."""
+    state = ServerState(engine_config, config or ServerConfig())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(state.start_engine())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            state.shutdown()
+
+    app = FastAPI(title="InferEngine", lifespan=lifespan)
+    app.state.server = state
+    app.include_router(router)
+    app.add_middleware(GateMiddleware, state=state)
+    install_error_handlers(app)
+    return app
+
+
+# ---- running under uvicorn -------------------------------------------------------------------
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, except that the first SIGTERM/SIGINT drains in-flight requests first."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState):
+        super().__init__(config)
+        self.state = state
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+
+    async def serve(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._draining or self._loop is None or self.state.status != "ready":
+            super().handle_exit(sig, frame)  # a second signal, or nothing to drain
+            return
+        self._draining = True
+        self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+
+    async def _drain(self) -> None:
+        await self.state.drain(self.state.config.drain_timeout)
+        self.should_exit = True
+
+
+async def run_server(
+    engine_config: EngineConfig,
+    config: ServerConfig,
+    on_ready: Callable[[ServerState], None] | None = None,
+) -> int:
+    """Serve until SIGTERM/SIGINT (exit code 0) or until the engine fails to start (1)."""
+    app = build_app(engine_config, config)
+    state: ServerState = app.state.server
+    uv_config = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.uvicorn_log_level,
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+    )
+    server = DrainingServer(uv_config, state)
+    failures: list[str] = []
+
+    def on_fatal(message: str) -> None:
+        failures.append(message)
+        server.should_exit = True
+
+    state.on_fatal = on_fatal
+    state.on_ready = on_ready
+    await server.serve()
+    if failures:
+        print(f"error: the engine failed to start: {failures[0]}", file=sys.stderr)
+        return 1
+    return 0

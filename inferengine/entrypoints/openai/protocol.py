@@ -1,0 +1,291 @@
+"""Pydantic models of the HTTP API: OpenAI's request and response shapes plus our own endpoints."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+
+
+class StreamOptions(_Model):
+    include_usage: bool = False
+
+
+class SamplingFields(_Model):
+    """Decoding settings every generating endpoint accepts (OpenAI's plus vLLM's extras).
+
+    `None` means "the model's generation_config default, else SamplingParams' default".
+    """
+
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[str, float] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    priority: int = 0
+    cache_salt: str | None = None
+    user: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+
+class CompletionRequest(SamplingFields):
+    model: str | None = None
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = None
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+    add_special_tokens: bool = True
+
+    @field_validator("prompt", mode="wrap")
+    @classmethod
+    def _prompt_shape(cls, value: Any, handler: Any) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError(
+                "prompt must be a string, a list of strings, a list of token ids, or a list of "
+                "token-id lists"
+            ) from None
+
+
+class ChatMessage(_Model):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class GenerateRequest(SamplingFields):
+    """Our native endpoint: text or token ids in, token ids and text out."""
+
+    model: str | None = None
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    add_special_tokens: bool = True
+
+
+# ---- responses -----------------------------------------------------------------------------
+
+
+class PromptTokensDetails(_Model):
+    cached_tokens: int = 0
+
+
+class UsageInfo(_Model):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+class CompletionLogprobs(_Model):
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionChoice(_Model):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(_Model):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class TopLogprob(_Model):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatLogprobToken(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(_Model):
+    content: list[ChatLogprobToken] | None = None
+
+
+class ChatResponseMessage(_Model):
+    role: str = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(_Model):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(_Model):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class ChatDelta(_Model):
+    """A streamed message increment; fields left unset are not sent, as OpenAI does."""
+
+    role: str | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChatStreamChoice(_Model):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionChunk(_Model):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(_Model):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=_now)
+    owned_by: str = "inferengine"
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(_Model):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenizeRequest(_Model):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+
+class TokenizeResponse(_Model):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(_Model):
+    model: str | None = None
+    tokens: list[int]
+    skip_special_tokens: bool = False
+
+
+class DetokenizeResponse(_Model):
+    prompt: str
+
+
+class GenerateChoice(_Model):
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[str, float]] | None = None  # per token: {token id: logprob}
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class GenerateResponse(_Model):
+    id: str
+    object: Literal["generation"] = "generation"
+    created: int = Field(default_factory=_now)
+    model: str
+    prompt_token_ids: list[int] | None = None
+    choices: list[GenerateChoice]
+    usage: UsageInfo | None = None
+
+
+class ErrorInfo(_Model):
+    message: str
+    type: str
+    param: str | None = None
+    code: int | str | None = None
+
+
+class ErrorResponse(_Model):
+    error: ErrorInfo

@@ -1,0 +1,270 @@
+"""What the generating endpoints share: model check, length limits, sampling params, logprobs."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any
+
+from inferengine.engine.async_llm import AsyncLLM
+from inferengine.entrypoints.openai.protocol import (
+    ChatLogprobs,
+    ChatLogprobToken,
+    CompletionLogprobs,
+    PromptTokensDetails,
+    SamplingFields,
+    TopLogprob,
+    UsageInfo,
+)
+from inferengine.entrypoints.openai.streaming import EngineStream, start_streams
+from inferengine.errors import InvalidRequestError, ModelNotFoundError
+from inferengine.logger import init_logger
+from inferengine.outputs import PositionLogprobs, RequestOutput
+from inferengine.sampling_params import RequestOutputKind, SamplingParams
+
+logger = init_logger(__name__)
+
+MAX_LOGPROBS = 20
+_LOGPROB_FLOOR = -9999.0  # JSON has no -inf
+# Request fields that fall back to the model's generation_config.json, as vLLM does.
+_MODEL_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+_BUILTIN_DEFAULTS = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+}
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
+    return UsageInfo(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+    )
+
+
+def sse(payload: Any) -> str:
+    """One Server-Sent Event carrying a pydantic model."""
+    return f"data: {payload.model_dump_json()}\n\n"
+
+
+def _floor(value: float) -> float:
+    return max(value, _LOGPROB_FLOOR)
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncLLM, log_requests: bool = True):
+        self.engine = engine
+        self.model_config = engine.model_config
+        self.model_name = engine.model_config.name
+        self.max_model_len = engine.model_config.max_model_len
+        self.tokenizer = engine.tokenizer
+        self.log_requests = log_requests
+        gen = engine.model_config.generation_config
+        self.defaults = {k: gen[k] for k in _MODEL_DEFAULTS if gen.get(k) is not None}
+        self._token_strs: dict[int, str] = {}
+
+    # ---- checks ----------------------------------------------------------------------------
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise ModelNotFoundError(
+                f"The model `{name}` does not exist; this server serves `{self.model_name}`.",
+                param="model",
+                code="model_not_found",
+            )
+
+    def resolve_max_tokens(
+        self, requested: int | None, num_prompt: int, default: int | None, where: str
+    ) -> int:
+        """The output budget: the request's, else `default` (None: the rest of the context)."""
+        limit = self.max_model_len
+        if requested is not None and requested < 1:
+            raise InvalidRequestError(
+                f"max_tokens must be at least 1, got {requested}.", param="max_tokens"
+            )
+        if num_prompt >= limit:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {limit} tokens. However, your request "
+                f"has {num_prompt} input tokens, which leaves no room for a completion. Please "
+                f"reduce the length of the {where}.",
+                param=where,
+            )
+        room = limit - num_prompt
+        if requested is None:
+            return room if default is None else min(default, room)
+        if requested > room:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{num_prompt + requested} tokens ({num_prompt} in the {where}, {requested} in the "
+                f"completion). Please reduce the length of the {where} or completion.",
+                param="max_tokens",
+            )
+        return requested
+
+    # ---- parameters ------------------------------------------------------------------------
+
+    def sampling_params(
+        self,
+        req: SamplingFields,
+        max_tokens: int,
+        kind: RequestOutputKind,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+    ) -> SamplingParams:
+        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise InvalidRequestError(
+                    f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}.", param=name
+                )
+        if req.stream_options is not None and not req.stream:
+            raise InvalidRequestError(
+                "stream_options can only be set when stream is true.", param="stream_options"
+            )
+        picked = {
+            name: value if (value := getattr(req, name)) is not None else default
+            for name, default in (_BUILTIN_DEFAULTS | self.defaults).items()
+        }
+        return SamplingParams(
+            n=req.n,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            seed=req.seed,
+            stop=req.stop,
+            stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=req.skip_special_tokens,
+            spaces_between_special_tokens=req.spaces_between_special_tokens,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            logit_bias=_logit_bias(req.logit_bias),
+            output_kind=kind,
+            **picked,
+        )
+
+    # ---- engine streams --------------------------------------------------------------------
+
+    async def start(
+        self,
+        request_id: str,
+        prompts: Sequence[dict[str, Any]],
+        params: Sequence[SamplingParams],
+        req: SamplingFields,
+    ) -> list[EngineStream]:
+        """Submit one engine request per prompt; refused requests raise before anything is sent."""
+        gens: list[AsyncGenerator[RequestOutput, None]] = []
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            sub_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+            if self.log_requests:
+                logger.info(
+                    "request %s: %d prompt tokens, %s",
+                    sub_id,
+                    len(prompt["prompt_token_ids"]),
+                    _describe(p),
+                )
+            gens.append(
+                self.engine.generate(
+                    prompt, p, sub_id, priority=req.priority, cache_salt=req.cache_salt
+                )
+            )
+        return await start_streams(gens)
+
+    # ---- tokens and logprobs ---------------------------------------------------------------
+
+    def token_str(self, token_id: int) -> str:
+        text = self._token_strs.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id])
+            if len(self._token_strs) < 1_000_000:
+                self._token_strs[token_id] = text
+        return text
+
+    def completion_logprobs(
+        self,
+        token_ids: Sequence[int],
+        positions: Sequence[PositionLogprobs | None],
+        text_offset: int,
+    ) -> CompletionLogprobs:
+        """The legacy completions shape; a position without logprobs (first prompt token) is null."""
+        out = CompletionLogprobs()
+        for token_id, position in zip(token_ids, positions, strict=True):
+            token = self.token_str(token_id)
+            chosen = position.get(token_id) if position is not None else None
+            out.tokens.append(token)
+            out.text_offset.append(text_offset)
+            text_offset += len(token)
+            if position is None or chosen is None:
+                out.token_logprobs.append(None)
+                out.top_logprobs.append(None)
+                continue
+            out.token_logprobs.append(_floor(chosen.logprob))
+            out.top_logprobs.append(
+                {
+                    self._decoded(tid, lp.decoded_token): _floor(lp.logprob)
+                    for tid, lp in position.items()
+                }
+            )
+        return out
+
+    def chat_logprobs(
+        self, token_ids: Sequence[int], positions: Sequence[PositionLogprobs], num_top: int
+    ) -> ChatLogprobs:
+        content = []
+        for token_id, position in zip(token_ids, positions, strict=True):
+            chosen = position.get(token_id)
+            token = self.token_str(token_id)
+            top = sorted(
+                (
+                    (lp.rank, tid, lp)
+                    for tid, lp in position.items()
+                    if lp.rank is not None and lp.rank <= num_top
+                ),
+                key=lambda item: item[0],
+            )[:num_top]
+            content.append(
+                ChatLogprobToken(
+                    token=token,
+                    logprob=_floor(chosen.logprob) if chosen is not None else _LOGPROB_FLOOR,
+                    bytes=list(token.encode("utf-8")),
+                    top_logprobs=[
+                        TopLogprob(
+                            token=(s := self._decoded(tid, lp.decoded_token)),
+                            logprob=_floor(lp.logprob),
+                            bytes=list(s.encode("utf-8")),
+                        )
+                        for _, tid, lp in top
+                    ],
+                )
+            )
+        return ChatLogprobs(content=content)
+
+    def _decoded(self, token_id: int, decoded: str | None) -> str:
+        return decoded if decoded is not None else self.token_str(token_id)
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    if not bias:
+        return None
+    try:
+        return {int(k): float(v) for k, v in bias.items()}
+    except ValueError as e:
+        raise InvalidRequestError(
+            "logit_bias keys must be token ids (integers as strings).", param="logit_bias"
+        ) from e
+
+
+def _describe(p: SamplingParams) -> str:
+    return (
+        f"n={p.n} max_tokens={p.max_tokens} temperature={p.temperature} top_p={p.top_p} "
+        f"top_k={p.top_k} seed={p.seed} stop={p.stop} logprobs={p.logprobs}"
+    )

@@ -1,0 +1,166 @@
+"""Prometheus instruments named like vLLM's (`vllm:` → `inferengine:`), fed by `AsyncLLM` stats.
+
+Each logger owns its `CollectorRegistry`, so several servers (or tests) can live in one process.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from inferengine.core.engine_io import SchedulerStats
+from inferengine.metrics.stats import IterationStats, StatLogger
+
+PREFIX = "inferengine:"
+FINISH_REASONS = ("stop", "length", "abort")
+
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0]
+TTFT_BUCKETS += [7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0]
+ITL_BUCKETS += [7.5, 10.0, 20.0, 40.0, 80.0]
+LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0]
+LATENCY_BUCKETS += [60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+
+
+def buckets_1_2_5(limit: int) -> list[float]:
+    """1, 2, 5, 10, 20, 50, ... up to `limit` (vLLM's token-count buckets)."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            value = m * scale
+            if value > limit:
+                return out
+            out.append(float(value))
+        scale *= 10
+
+
+def iteration_buckets(max_num_batched_tokens: int) -> list[float]:
+    sizes = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+    return [float(s) for s in sizes if s < max_num_batched_tokens] + [float(max_num_batched_tokens)]
+
+
+class PrometheusStatLogger(StatLogger):
+    def __init__(
+        self,
+        model_name: str,
+        max_model_len: int,
+        max_num_batched_tokens: int,
+        device: str = "cpu",
+        registry: CollectorRegistry | None = None,
+    ):
+        self.registry = registry or CollectorRegistry()
+        self.model_name = model_name
+        r, names = self.registry, ["model_name"]
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(PREFIX + name, doc, names, registry=r).labels(model_name)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(PREFIX + name, doc, names, registry=r).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
+            return Histogram(PREFIX + name, doc, names, buckets=buckets, registry=r).labels(
+                model_name
+            )
+
+        self.running = gauge("num_requests_running", "Requests in the running batch.")
+        self.waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_usage = gauge("kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.")
+        self.gpu_memory = (
+            gauge("gpu_memory_used_bytes", "Device memory used by the engine core.")
+            if device == "cuda"
+            else None
+        )
+        self.prefix_queries = counter(
+            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        )
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.preemptions = counter("num_preemptions", "Requests preempted by the scheduler.")
+        self.prompt_tokens = counter("prompt_tokens", "Prefill tokens processed.")
+        self.generation_tokens = counter("generation_tokens", "Generation tokens produced.")
+        success = Counter(
+            PREFIX + "request_success",
+            "Finished requests, by finish reason.",
+            ["model_name", "finished_reason"],
+            registry=r,
+        )
+        self.success = {reason: success.labels(model_name, reason) for reason in FINISH_REASONS}
+        self._success = success
+        self.ttft = histogram(
+            "time_to_first_token_seconds", "Time to first token, seconds.", TTFT_BUCKETS
+        )
+        self.itl = histogram(
+            "inter_token_latency_seconds", "Time between output tokens, seconds.", ITL_BUCKETS
+        )
+        self.e2e = histogram(
+            "e2e_request_latency_seconds", "Arrival to finish, seconds.", LATENCY_BUCKETS
+        )
+        self.queue = histogram(
+            "request_queue_time_seconds", "Time waiting before the first step.", LATENCY_BUCKETS
+        )
+        self.prefill = histogram(
+            "request_prefill_time_seconds", "First step to first token.", LATENCY_BUCKETS
+        )
+        self.decode = histogram(
+            "request_decode_time_seconds", "First token to last token.", LATENCY_BUCKETS
+        )
+        self.iteration_tokens = histogram(
+            "iteration_tokens_total",
+            "Tokens scheduled in one engine step.",
+            iteration_buckets(max_num_batched_tokens),
+        )
+        token_buckets = buckets_1_2_5(max_model_len)
+        self.request_prompt = histogram(
+            "request_prompt_tokens", "Prompt tokens per finished request.", token_buckets
+        )
+        self.request_generation = histogram(
+            "request_generation_tokens", "Generated tokens per finished request.", token_buckets
+        )
+        self._totals: dict[str, int] = {}
+
+    # ---- recording ---------------------------------------------------------------------------
+
+    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats) -> None:
+        if scheduler_stats is not None:
+            self.update_scheduler_stats(scheduler_stats)
+            if scheduler_stats.step_num_tokens:
+                self.iteration_tokens.observe(scheduler_stats.step_num_tokens)
+        if iteration.num_prompt_tokens:
+            self.prompt_tokens.inc(iteration.num_prompt_tokens)
+        if iteration.num_generation_tokens:
+            self.generation_tokens.inc(iteration.num_generation_tokens)
+        for value in iteration.time_to_first_tokens:
+            self.ttft.observe(value)
+        for value in iteration.inter_token_latencies:
+            self.itl.observe(value)
+        for finished in iteration.finished:
+            reason = finished.finish_reason
+            child = self.success.get(reason) or self._success.labels(self.model_name, reason)
+            child.inc()
+            self.e2e.observe(finished.e2e_latency)
+            self.queue.observe(finished.queue_time)
+            self.prefill.observe(finished.prefill_time)
+            self.decode.observe(finished.decode_time)
+            self.request_prompt.observe(finished.num_prompt_tokens)
+            self.request_generation.observe(finished.num_generation_tokens)
+
+    def update_scheduler_stats(self, s: SchedulerStats) -> None:
+        """Gauges from the newest stats; counters by how far the core's cumulative totals moved."""
+        self.running.set(s.num_running)
+        self.waiting.set(s.num_waiting)
+        self.kv_usage.set(s.kv_cache_usage)
+        for name, counter in (
+            ("prefix_cache_queries", self.prefix_queries),
+            ("prefix_cache_hits", self.prefix_hits),
+            ("num_preemptions", self.preemptions),
+        ):
+            now, before = getattr(s, name), self._totals.get(name, 0)
+            if now > before:  # stats can arrive out of order (refresh vs. outputs): never go back
+                counter.inc(now - before)
+                self._totals[name] = now
+
+    def set_gpu_memory_used(self, used_bytes: int) -> None:
+        if self.gpu_memory is not None:
+            self.gpu_memory.set(used_bytes)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,30 @@
+"""`inferengine serve` flags: engine flags in vLLM's spelling plus the server's, each settable by env."""
+
+from __future__ import annotations
+
+import argparse
+
+from inferengine.entrypoints.cli.main import build_parser
+from inferengine.entrypoints.cli.serve import add_server_args
+
+
+def test_serve_flags_and_defaults():
+    args = build_parser().parse_args(
+        ["serve", "some-model", "--port", "9001", "--api-key", "k", "--max-num-seqs", "4"]
+    )
+    assert (args.model, args.port, args.api_key, args.max_num_seqs) == ("some-model", 9001, "k", 4)
+    assert args.host == "127.0.0.1" and args.disable_log_requests is False
+    assert args.max_waiting_requests is None and args.enable_prefix_caching is True
+
+
+def test_server_flags_from_environment(monkeypatch):
+    monkeypatch.setenv("INFERENGINE_PORT", "9100")
+    monkeypatch.setenv("INFERENGINE_HOST", "0.0.0.0")
+    monkeypatch.setenv("INFERENGINE_DISABLE_LOG_REQUESTS", "1")
+    monkeypatch.setenv("INFERENGINE_MAX_REQUEST_BODY_BYTES", "1024")
+    parser = argparse.ArgumentParser()
+    add_server_args(parser)
+    args = parser.parse_args([])
+    assert (args.port, args.host, args.disable_log_requests) == (9100, "0.0.0.0", True)
+    assert args.max_request_body_bytes == 1024
+    assert parser.parse_args(["--port", "1"]).port == 1  # a flag beats the environment
