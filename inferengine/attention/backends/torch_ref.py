@@ -105,5 +105,7 @@ class TorchAttentionBackend(AttentionBackend):
         if spec.sliding_window is not None:
             mask &= k_pos > seq_lens - 1 - spec.sliding_window
         q = query.unsqueeze(2)  # [B, Hq, 1, D]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :], scale=spec.scale)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask[:, None, None, :], scale=spec.scale
+        )
         return out.squeeze(2)
