@@ -1,0 +1,137 @@
+"""`inferengine bench serve | paired | plot`: the parsers and their handlers."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+from pathlib import Path
+
+from inferengine.bench.args import add_serve_args, add_workload_args, workload_from_args
+from inferengine.bench.config import PERCENTILE_METRICS
+from inferengine.bench.gates import __doc__ as GATES_DOC
+from inferengine.bench.systems import __doc__ as SYSTEMS_DOC
+from inferengine.bench.vllm_client import __doc__ as VLLM_CLIENT_DOC
+from inferengine.errors import ConfigError
+
+PAIRED_EPILOG = f"""\
+systems (--system, repeated; the first two give the ratios):
+{SYSTEMS_DOC.split(chr(10), 2)[2]}
+gates (--gate, repeated; exit status 1 if one fails, after everything is written):
+{GATES_DOC.split(chr(10), 2)[2]}
+--client vllm also runs vLLM's client on each system.
+{VLLM_CLIENT_DOC.split(chr(10), 2)[2]}
+example:
+  inferengine bench paired --model-dir configs/qwen2.5-7b \\
+    --system "A=preset:inferengine --load-format dummy" --system B=url:http://127.0.0.1:8001 \\
+    --random-input-len 256 --random-output-len 64 --random-range-ratio 0.5 --num-prompts 100 \\
+    --max-concurrency 16 --ignore-eos --gate "output_throughput>=1.0" --gate "median_itl_ms<=7@A"
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    bench = subparsers.add_parser("bench", help="serving benchmarks against HTTP servers")
+    sub = bench.add_subparsers(dest="bench_command", metavar="{serve,paired,plot}", required=True)
+
+    serve = sub.add_parser(
+        "serve",
+        help="benchmark one OpenAI-compatible server (vLLM's `bench serve` result format)",
+        description="Stream a workload to one OpenAI-compatible server and report TTFT, TPOT, "
+        "ITL, E2E latency and throughput under the field names of `vllm bench serve`.",
+    )
+    add_serve_args(serve)
+    serve.set_defaults(func=serve_handler)
+
+    paired = sub.add_parser(
+        "paired",
+        help="the same workload against several servers in turn, with ratios and gates",
+        description="Run one workload against each --system in turn on this machine, trace the "
+        "GPU, write a result folder and compare.",
+        epilog=PAIRED_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_paired_args(paired)
+    paired.set_defaults(func=paired_handler)
+
+    plot = sub.add_parser("plot", help="PNG charts of a result folder")
+    plot.add_argument("result_dir", type=Path, metavar="RESULT_DIR")
+    plot.set_defaults(func=plot_handler)
+
+
+def add_paired_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("systems")
+    g.add_argument(
+        "--system",
+        action="append",
+        required=True,
+        metavar="SPEC",
+        help="NAME=COMMAND, NAME=url:URL, NAME=preset:PRESET [ARGS] or PRESET (see below)",
+    )
+    g.add_argument("--model-dir", help="model folder for presets; the default --tokenizer")
+    g.add_argument("--served-model-name", help="name presets serve the model under")
+    g.add_argument("--health-timeout", type=float, default=900.0, help="seconds to wait")
+    g.add_argument("--stop-timeout", type=float, default=30.0, help="SIGTERM→SIGKILL seconds")
+    g.add_argument("--client", choices=["ours", "vllm"], default="ours")
+    g.add_argument("--vllm-python", default="python3")
+    g.add_argument("--vllm-pythonpath", default="/tmp/vllm-site")
+    add_workload_args(parser)
+    r = parser.add_argument_group("result folder")
+    r.add_argument("--out-dir", type=Path, help="default benchmarks/results/<UTC stamp>-<name>")
+    r.add_argument("--name", default="paired", help="the folder's name after the stamp")
+    r.add_argument("--gate", action="append", default=[], metavar="EXPR")
+    r.add_argument("--gpu-interval", type=float, default=0.2, help="GPU sampling period (s)")
+    r.add_argument("--log-lines", type=int, default=2000, help="server log lines kept")
+
+
+def serve_handler(args: argparse.Namespace) -> int:
+    from inferengine.bench.args import serve_config_from_args
+    from inferengine.bench.runner import run_serve
+
+    result = run_serve(serve_config_from_args(args))
+    return 0 if result["completed"] > 0 else 1
+
+
+def paired_handler(args: argparse.Namespace) -> int:
+    from inferengine.bench.gates import parse_gate
+    from inferengine.bench.paired import PairedConfig, run_paired
+    from inferengine.bench.systems import parse_system
+
+    tokenizer = args.tokenizer or args.model_dir
+    if not tokenizer:
+        raise ConfigError("bench paired builds one prompt set for all systems: pass --tokenizer")
+    served = args.served_model_name or Path(args.model_dir or "model").name
+    workload = workload_from_args(args)
+    # The comparison reads the median and p99 of every latency metric.
+    workload = dataclasses.replace(
+        workload,
+        percentile_metrics=PERCENTILE_METRICS,
+        metric_percentiles=tuple(sorted({*workload.metric_percentiles, 99.0})),
+    )
+    cfg = PairedConfig(
+        systems=[parse_system(s, args.model_dir, served) for s in args.system],
+        workload=workload,
+        tokenizer=tokenizer,
+        model=args.model,
+        out_dir=args.out_dir,
+        name=args.name,
+        gates=[parse_gate(g) for g in args.gate],
+        health_timeout_s=args.health_timeout,
+        stop_timeout_s=args.stop_timeout,
+        gpu_interval_s=args.gpu_interval,
+        log_lines=args.log_lines,
+        vllm_client=args.client == "vllm",
+        vllm_python=args.vllm_python,
+        vllm_pythonpath=args.vllm_pythonpath,
+        disable_tqdm=args.disable_tqdm,
+        command_line=shlex.join(["inferengine", *sys.argv[1:]]),
+    )
+    return run_paired(cfg)
+
+
+def plot_handler(args: argparse.Namespace) -> int:
+    from inferengine.bench.plot import plot_results
+
+    for path in plot_results(args.result_dir):
+        print(f"wrote {path}")
+    return 0
