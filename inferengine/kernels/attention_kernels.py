@@ -1,0 +1,279 @@
+"""Triton kernels behind `paged_attention`: a flash-attention tile loop over paged K/V, and the
+merge of split-KV partial results.
+
+Rows of a program's query tile are (query token, query head) pairs: all `GROUP` query heads that
+share one KV head sit in the same tile, so each K/V tile is loaded once per group.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _find_seq(query_start_loc_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr):
+    """The sequence that owns query tile `pid`: tiles of sequence i start at
+    query_start_loc[i] // BLOCK_Q + i (room for one partial tile per sequence), which grows
+    with i, so binary-search it."""
+    # Explicit tensors: Triton may specialize num_seqs == 1 into a constant.
+    lo = tl.full([], 0, tl.int32)
+    hi = tl.full([], 0, tl.int32) + num_seqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first_tile <= pid:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@triton.jit
+def _attend_kv_tile(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_head_ptr,
+    v_head_ptr,
+    block_table_row_ptr,
+    start_n,
+    kv_end,
+    q_pos,
+    sliding_window,
+    qk_scale,
+    stride_kb,
+    stride_kt,
+    offs_n,
+    offs_d,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    MASKED: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One online-softmax step over keys start_n .. start_n + BLOCK_N - 1. Unmasked tiles lie
+    wholly inside every row's visible range, so they skip all bounds and causal checks."""
+    pos = start_n + offs_n
+    if MASKED:
+        in_range = pos < kv_end
+        block_ids = tl.load(block_table_row_ptr + pos // BLOCK_SIZE, mask=in_range, other=0)
+    else:
+        block_ids = tl.load(block_table_row_ptr + pos // BLOCK_SIZE)
+    token_off = block_ids.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_kt
+    kv_off = token_off[:, None] + offs_d[None, :]
+    if MASKED:
+        kv_mask = in_range[:, None] & (offs_d[None, :] < HEAD_DIM)
+        k = tl.load(k_head_ptr + kv_off, mask=kv_mask, other=0.0)
+    elif HEAD_DIM_PAD != HEAD_DIM:
+        kv_mask = offs_d[None, :] < HEAD_DIM
+        k = tl.load(k_head_ptr + kv_off, mask=kv_mask, other=0.0)
+    else:
+        k = tl.load(k_head_ptr + kv_off)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    if MASKED:
+        visible = pos[None, :] <= q_pos[:, None]
+        if USE_WINDOW:
+            visible = visible & (pos[None, :] > q_pos[:, None] - sliding_window)
+        qk = tl.where(visible, qk, float("-inf"))
+
+    # m_i starts finite (-1e30), so fully masked rows give p = 0 and alpha = 1, never NaN.
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if MASKED or HEAD_DIM_PAD != HEAD_DIM:
+        v = tl.load(v_head_ptr + kv_off, mask=kv_mask, other=0.0)
+    else:
+        v = tl.load(v_head_ptr + kv_off)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def paged_attention_kernel(
+    q_ptr,
+    kv_cache_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    block_table_ptr,
+    num_seqs,
+    num_splits,
+    min_q_len,
+    qk_scale,
+    sliding_window,
+    stride_qt,
+    stride_qh,
+    stride_cache_kv,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SEQ_PER_PROGRAM: tl.constexpr,
+    SPLIT_OUTPUT: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Grid (KV heads, query tiles, splits). SEQ_PER_PROGRAM: tile i is sequence i whole
+    (sequences with 1 <= q_len <= BLOCK_Q; the split-KV path). Otherwise tiles hold BLOCK_Q
+    tokens of sequences with q_len > min_q_len (the prefill path), the last tile of a sequence
+    first, so the longest rows start early."""
+    kv_head = tl.program_id(0)
+    pid = tl.program_id(1)
+    split = tl.program_id(2)
+    num_q_heads = tl.num_programs(0) * GROUP
+
+    if SEQ_PER_PROGRAM:
+        seq = pid
+    else:
+        seq = _find_seq(query_start_loc_ptr, num_seqs, pid, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_end = tl.load(query_start_loc_ptr + seq + 1)
+    q_len = q_end - q_start
+    if SEQ_PER_PROGRAM:
+        q_tile = 0
+        if (q_len == 0) | (q_len > BLOCK_Q):
+            return
+    else:
+        q_tile = q_end // BLOCK_Q + seq - pid
+        if (q_len <= min_q_len) | (q_tile * BLOCK_Q >= q_len):
+            return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    q_idx = q_tile * BLOCK_Q + offs_m // GROUP
+    q_head = kv_head * GROUP + offs_m % GROUP
+    row_valid = (offs_m < BLOCK_Q * GROUP) & (q_idx < q_len)
+    q_pos = context_len + q_idx
+    if HEAD_DIM_PAD == HEAD_DIM:
+        row_mask = row_valid[:, None]
+    else:
+        row_mask = row_valid[:, None] & (offs_d[None, :] < HEAD_DIM)
+    q_off = (q_start + q_idx)[:, None].to(tl.int64) * stride_qt + q_head[:, None] * stride_qh
+    q = tl.load(q_ptr + q_off + offs_d[None, :], mask=row_mask, other=0.0)
+
+    # Keys this tile needs: [kv_lo, kv_hi). Below `full_hi` every key is visible to every row;
+    # with a window, so is everything from `full_lo` on. Phases: masked, unmasked, masked.
+    first_pos = context_len + q_tile * BLOCK_Q
+    last_pos = context_len + tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len) - 1
+    kv_hi = last_pos + 1
+    if USE_WINDOW:
+        kv_lo = (tl.maximum(first_pos - sliding_window + 1, 0) // BLOCK_N) * BLOCK_N
+        window_lo = tl.maximum(last_pos - sliding_window + 1, 0)
+        full_lo = kv_lo + tl.cdiv(window_lo - kv_lo, BLOCK_N) * BLOCK_N
+    else:
+        kv_lo = first_pos * 0
+        full_lo = kv_lo
+    full_hi = kv_lo + ((first_pos + 1 - kv_lo) // BLOCK_N) * BLOCK_N
+    full_lo = tl.minimum(full_lo, full_hi)
+
+    tiles_per_split = tl.cdiv(tl.cdiv(kv_hi - kv_lo, BLOCK_N), num_splits)
+    split_lo = kv_lo + split * tiles_per_split * BLOCK_N
+    split_hi = tl.minimum(split_lo + tiles_per_split * BLOCK_N, kv_hi)
+
+    k_head_ptr = kv_cache_ptr + kv_head * stride_kh
+    v_head_ptr = k_head_ptr + stride_cache_kv
+    block_table_row_ptr = block_table_ptr + seq.to(tl.int64) * stride_bt
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+
+    if USE_WINDOW:
+        for start_n in range(split_lo, tl.minimum(full_lo, split_hi), BLOCK_N):
+            acc, l_i, m_i = _attend_kv_tile(
+                acc, l_i, m_i, q, k_head_ptr, v_head_ptr, block_table_row_ptr, start_n, kv_hi,
+                q_pos, sliding_window, qk_scale, stride_kb, stride_kt, offs_n, offs_d,
+                BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, True, USE_WINDOW, DOT_PRECISION,
+            )  # fmt: skip
+    for start_n in range(tl.maximum(split_lo, full_lo), tl.minimum(full_hi, split_hi), BLOCK_N):
+        acc, l_i, m_i = _attend_kv_tile(
+            acc, l_i, m_i, q, k_head_ptr, v_head_ptr, block_table_row_ptr, start_n, kv_hi,
+            q_pos, sliding_window, qk_scale, stride_kb, stride_kt, offs_n, offs_d,
+            BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, False, USE_WINDOW, DOT_PRECISION,
+        )  # fmt: skip
+    for start_n in range(tl.maximum(split_lo, full_hi), split_hi, BLOCK_N):
+        acc, l_i, m_i = _attend_kv_tile(
+            acc, l_i, m_i, q, k_head_ptr, v_head_ptr, block_table_row_ptr, start_n, kv_hi,
+            q_pos, sliding_window, qk_scale, stride_kb, stride_kt, offs_n, offs_d,
+            BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, True, USE_WINDOW, DOT_PRECISION,
+        )  # fmt: skip
+
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    if not SPLIT_OUTPUT:
+        o_off = (q_start + q_idx)[:, None].to(tl.int64) * stride_ot + q_head[:, None] * stride_oh
+        tl.store(out_ptr + o_off + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_mask)
+    else:
+        # Partial rows are laid out [seq, BLOCK_Q, q_head, split] with HEAD_DIM floats each.
+        row_id = (seq * BLOCK_Q + q_idx) * num_q_heads + q_head
+        part_row = row_id.to(tl.int64) * num_splits + split
+        has_keys = l_i > 0.0
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + part_row, lse, mask=row_valid)
+        part_ptrs = part_out_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :]
+        tl.store(part_ptrs, out, mask=row_mask)
+
+
+@triton.jit
+def merge_splits_kernel(
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    query_start_loc_ptr,
+    num_splits,
+    stride_ot,
+    stride_oh,
+    MAX_Q: tl.constexpr,
+    SPLIT_CHUNK: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+):
+    """Grid (num_seqs * MAX_Q, q heads): combine the partial outputs of one query row, each
+    weighted by its base-2 log-sum-exp, SPLIT_CHUNK splits at a time with a running maximum."""
+    row = tl.program_id(0)
+    q_head = tl.program_id(1)
+    num_q_heads = tl.num_programs(1)
+    seq = row // MAX_Q
+    q_idx = row % MAX_Q
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    if (q_idx >= q_len) | (q_len > MAX_Q):
+        return
+
+    base = (row * num_q_heads + q_head).to(tl.int64) * num_splits
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    m = tl.full([1], -1.0e30, dtype=tl.float32)
+    denom = tl.zeros([1], dtype=tl.float32)
+    acc = tl.zeros([HEAD_DIM_PAD], dtype=tl.float32)
+    for s0 in range(0, num_splits, SPLIT_CHUNK):
+        offs_c = s0 + tl.arange(0, SPLIT_CHUNK)
+        lse = tl.load(part_lse_ptr + base + offs_c, mask=offs_c < num_splits, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(lse, 0))
+        rescale = tl.exp2(m - m_new)
+        weight = tl.exp2(lse - m_new)
+        # A split that saw no keys has lse = -inf and an unwritten-to-matter partial: skip it.
+        part_mask = (lse > float("-inf"))[:, None] & (offs_d[None, :] < HEAD_DIM)
+        part_ptrs = part_out_ptr + (base + offs_c)[:, None] * HEAD_DIM + offs_d[None, :]
+        part = tl.load(part_ptrs, mask=part_mask, other=0.0)
+        acc = acc * rescale + tl.sum(part * weight[:, None], 0)
+        denom = denom * rescale + tl.sum(weight, 0)
+        m = m_new
+
+    out = acc / tl.where(denom > 0.0, denom, 1.0)
+    o_ptrs = out_ptr + (q_start + q_idx).to(tl.int64) * stride_ot + q_head * stride_oh + offs_d
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)

@@ -1,0 +1,170 @@
+"""Triton kernels for the model's hot path besides attention: KV-cache store, RMSNorm (with
+residual add), rotary embedding and SiLU-and-mul. Their wrappers and torch references live in
+kv_store.py, norm.py, rotary.py and activation.py."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def store_kv_kernel(
+    key_ptr,
+    value_ptr,
+    kv_cache_ptr,
+    slot_mapping_ptr,
+    num_kv_heads,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cache_kv,
+    stride_cb,
+    stride_ct,
+    stride_ch,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    HEADS_PER_PROGRAM: tl.constexpr,
+):
+    """Grid (tokens, head groups): copy HEADS_PER_PROGRAM heads of one token's K and V."""
+    token = tl.program_id(0)
+    slot = tl.load(slot_mapping_ptr + token)
+    if slot < 0:
+        return
+    heads = tl.program_id(1) * HEADS_PER_PROGRAM + tl.arange(0, HEADS_PER_PROGRAM)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    mask = (heads[:, None] < num_kv_heads) & (offs_d[None, :] < HEAD_DIM)
+    token64 = token.to(tl.int64)
+    key = tl.load(
+        key_ptr + token64 * stride_kt + heads[:, None] * stride_kh + offs_d[None, :], mask=mask
+    )
+    value = tl.load(
+        value_ptr + token64 * stride_vt + heads[:, None] * stride_vh + offs_d[None, :], mask=mask
+    )
+    cache_off = (
+        (slot // BLOCK_SIZE) * stride_cb
+        + (slot % BLOCK_SIZE) * stride_ct
+        + heads[:, None] * stride_ch
+        + offs_d[None, :]
+    )
+    dtype = kv_cache_ptr.dtype.element_ty
+    tl.store(kv_cache_ptr + cache_off, key.to(dtype), mask=mask)
+    tl.store(kv_cache_ptr + stride_cache_kv + cache_off, value.to(dtype), mask=mask)
+
+
+@triton.jit
+def rms_norm_kernel(
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    out_ptr,
+    hidden_size,
+    eps,
+    stride_x,
+    stride_r,
+    stride_o,
+    ADD_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One row per program. HF order of rounding: (x + residual) rounds to the input dtype,
+    the normalized row rounds to the input dtype, then the weight multiplies it."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < hidden_size
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if ADD_RESIDUAL:
+        residual = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + residual.to(tl.float32)).to(x.dtype)
+        tl.store(residual_ptr + row * stride_r + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    variance = tl.sum(xf * xf, 0) / hidden_size
+    normed = (xf * (1.0 / tl.sqrt(variance + eps))).to(x.dtype)
+    weight = tl.load(weight_ptr + offs, mask=mask, other=0.0)
+    out = normed.to(tl.float32) * weight.to(tl.float32)
+    tl.store(out_ptr + row * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotate_heads(
+    x_ptr,
+    num_heads,
+    stride_h,
+    cos,
+    sin,
+    offs_i,
+    HALF: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+):
+    heads = tl.arange(0, HEADS_PAD)
+    mask = (heads[:, None] < num_heads) & (offs_i[None, :] < HALF)
+    if IS_NEOX:
+        ptr1 = x_ptr + heads[:, None] * stride_h + offs_i[None, :]
+        ptr2 = ptr1 + HALF
+    else:
+        ptr1 = x_ptr + heads[:, None] * stride_h + 2 * offs_i[None, :]
+        ptr2 = ptr1 + 1
+    x1 = tl.load(ptr1, mask=mask, other=0.0)
+    x2 = tl.load(ptr2, mask=mask, other=0.0)
+    x1f = x1.to(tl.float32)
+    x2f = x2.to(tl.float32)
+    tl.store(ptr1, (x1f * cos - x2f * sin).to(x1.dtype), mask=mask)
+    tl.store(ptr2, (x2f * cos + x1f * sin).to(x1.dtype), mask=mask)
+
+
+@triton.jit
+def rotary_kernel(
+    positions_ptr,
+    q_ptr,
+    k_ptr,
+    cos_sin_ptr,
+    num_q_heads,
+    num_kv_heads,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_cos_sin,
+    HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    Q_HEADS_PAD: tl.constexpr,
+    K_HEADS_PAD: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+):
+    """One token per program: all its query heads, then all its key heads."""
+    token = tl.program_id(0).to(tl.int64)
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    offs_i = tl.arange(0, HALF_PAD)
+    cs_ptr = cos_sin_ptr + pos * stride_cos_sin + offs_i
+    cos = tl.load(cs_ptr, mask=offs_i < HALF, other=0.0).to(tl.float32)[None, :]
+    sin = tl.load(cs_ptr + HALF, mask=offs_i < HALF, other=0.0).to(tl.float32)[None, :]
+    _rotate_heads(
+        q_ptr + token * stride_qt, num_q_heads, stride_qh, cos, sin, offs_i,
+        HALF, Q_HEADS_PAD, IS_NEOX,
+    )  # fmt: skip
+    _rotate_heads(
+        k_ptr + token * stride_kt, num_kv_heads, stride_kh, cos, sin, offs_i,
+        HALF, K_HEADS_PAD, IS_NEOX,
+    )  # fmt: skip
+
+
+@triton.jit
+def silu_and_mul_kernel(
+    x_ptr,
+    out_ptr,
+    intermediate_size,
+    stride_x,
+    stride_o,
+    BLOCK: tl.constexpr,
+):
+    """Grid (rows, column blocks). silu rounds to the input dtype before the product, as
+    HF's `act_fn(gate_proj(x)) * up_proj(x)` does."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < intermediate_size
+    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    up = tl.load(x_ptr + row * stride_x + intermediate_size + offs, mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
+    out = act.to(tl.float32) * up.to(tl.float32)
+    tl.store(out_ptr + row * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,73 @@
+"""RMSNorm and fused residual-add + RMSNorm (Triton + torch references with Hugging Face's math)."""
+
+import torch
+
+from inferengine.kernels.triton_utils import next_power_of_2
+
+
+def _launch(x, residual, weight, out, eps: float) -> None:
+    from inferengine.kernels.fused_kernels import rms_norm_kernel
+
+    hidden_size = x.shape[-1]
+    rows = x.numel() // hidden_size
+    if rows == 0:
+        return
+    block = next_power_of_2(hidden_size)
+    rms_norm_kernel[(rows,)](
+        x,
+        residual if residual is not None else x,
+        weight,
+        out,
+        hidden_size,
+        eps,
+        x.stride(-2) if x.dim() > 1 else hidden_size,
+        residual.stride(-2) if residual is not None and residual.dim() > 1 else hidden_size,
+        out.stride(-2) if out.dim() > 1 else hidden_size,
+        ADD_RESIDUAL=residual is not None,
+        BLOCK=block,
+        num_warps=min(16, max(1, block // 256)),
+    )
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """A [rows, hidden] view (or copy) whose rows are evenly strided and whose last dim is dense."""
+    t2 = t.reshape(-1, t.shape[-1]) if t.dim() != 2 else t
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * rmsnorm(x) over the last dim, as HF computes it (float32 inside; the result
+    takes the promoted dtype of x and weight, like HF)."""
+    x2 = _rows(x)
+    out_dtype = torch.promote_types(x.dtype, weight.dtype)
+    out = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
+    _launch(x2, None, weight, out, eps)
+    return out.view(x.shape)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """In place: residual += x, then x = weight * rmsnorm(residual). Returns (x, residual).
+    Both must be row-strided with a dense last dim (e.g. contiguous)."""
+    assert x.shape == residual.shape and x.stride(-1) == 1 and residual.stride(-1) == 1
+    x2 = x.view(-1, x.shape[-1]) if x.dim() != 2 else x
+    r2 = residual.view(-1, residual.shape[-1]) if residual.dim() != 2 else residual
+    _launch(x2, r2, weight, x2, eps)
+    return x, residual
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF Llama/Qwen2 RMSNorm."""
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def fused_add_rms_norm_ref(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch reference of `fused_add_rms_norm`, in place like it."""
+    residual.add_(x)
+    x.copy_(rms_norm_ref(residual, weight, eps))
+    return x, residual

@@ -1,0 +1,249 @@
+"""Paged attention over the block-table KV cache for mixed decode/prefill batches, with its torch
+reference.
+
+Hot path and CUDA-graph safe: launch shapes depend only on tensor shapes and the Python ints the
+caller passes. Add nothing here that reads device values on the host.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from inferengine.kernels.triton_utils import device_sms, next_power_of_2
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True, slots=True)
+class TileConfig:
+    block_m: int  # rows per program: query tokens x the query heads of one KV head
+    block_n: int  # keys per step of the inner loop
+    num_warps: int
+    num_stages: int
+
+
+# Fixed configs keyed by the padded head dim: autotuning is slow and does not mix with graphs.
+# Decode's block_m is a floor; the split path widens it to fit q_len x group rows.
+PREFILL_CONFIGS = {
+    32: TileConfig(128, 64, 4, 3),
+    64: TileConfig(128, 64, 4, 3),
+    128: TileConfig(128, 64, 8, 3),
+    256: TileConfig(64, 32, 8, 2),
+}
+DECODE_CONFIGS = {
+    32: TileConfig(16, 64, 4, 3),
+    64: TileConfig(16, 64, 4, 3),
+    128: TileConfig(16, 64, 4, 3),
+    256: TileConfig(16, 32, 4, 2),
+}
+# Sequences with q_len * group <= this many rows take the split-KV path (decode, speculative
+# verification); longer ones take the prefill path.
+SPLIT_PATH_MAX_ROWS = 64
+# Split-KV sizing: aim for this many programs per SM, never cut a context finer than this.
+SPLIT_PROGRAMS_PER_SM = 4
+SPLIT_MIN_TOKENS = 256
+MAX_SPLITS = 128
+
+
+def num_kv_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, sms: int) -> int:
+    """How many programs share one sequence's context on the split-KV path."""
+    programs = num_seqs * num_kv_heads
+    wanted = math.ceil(SPLIT_PROGRAMS_PER_SM * sms / max(programs, 1))
+    by_length = max(1, max_seq_len // SPLIT_MIN_TOKENS)
+    return max(1, min(wanted, by_length, MAX_SPLITS))
+
+
+def paged_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of `q` [T, Hq, D] (B sequences laid end to end) over the paged cache
+    `kv_cache` [2, num_blocks, block_size, Hkv, D]. The queries of sequence i are its last
+    q_len_i positions of seq_lens[i]. max_query_len and max_seq_len may be upper bounds."""
+    return run_paged_attention(
+        q,
+        kv_cache,
+        query_start_loc,
+        seq_lens,
+        block_table,
+        max_query_len=max_query_len,
+        max_seq_len=max_seq_len,
+        scale=scale,
+        sliding_window=sliding_window,
+        out=out,
+    )
+
+
+def run_paged_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    decode_config: TileConfig | None = None,
+    prefill_config: TileConfig | None = None,
+) -> torch.Tensor:
+    """`paged_attention` with its launch choices open, for tests and benchmark sweeps."""
+    from inferengine.kernels.attention_kernels import merge_splits_kernel, paged_attention_kernel
+
+    num_tokens, num_q_heads, head_dim = q.shape
+    _, _, block_size, num_kv_heads, _ = kv_cache.shape
+    num_seqs = query_start_loc.shape[0] - 1
+    group = num_q_heads // num_kv_heads
+    assert num_q_heads == group * num_kv_heads, "query heads must be a multiple of KV heads"
+    assert kv_cache.dtype == q.dtype, "the KV cache must have the query dtype"
+    assert q.stride(2) == 1 and kv_cache.stride(4) == 1 and block_table.stride(1) == 1
+    if out is None:
+        out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    assert out.shape == q.shape and out.stride(2) == 1
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+
+    head_dim_pad = max(16, next_power_of_2(head_dim))
+    decode_cfg = decode_config or DECODE_CONFIGS[head_dim_pad]
+    prefill_cfg = prefill_config or PREFILL_CONFIGS[head_dim_pad]
+    split_max_q = max_query_len if max_query_len * group <= SPLIT_PATH_MAX_ROWS else 1
+    split_block_m = max(decode_cfg.block_m, next_power_of_2(split_max_q * group))
+    splits = num_splits or num_kv_splits(num_seqs, num_kv_heads, max_seq_len, device_sms(q))
+
+    common = dict(
+        q_ptr=q,
+        kv_cache_ptr=kv_cache,
+        out_ptr=out,
+        query_start_loc_ptr=query_start_loc,
+        seq_lens_ptr=seq_lens,
+        block_table_ptr=block_table,
+        num_seqs=num_seqs,
+        qk_scale=scale * LOG2E,
+        sliding_window=sliding_window or 0,
+        stride_qt=q.stride(0),
+        stride_qh=q.stride(1),
+        stride_cache_kv=kv_cache.stride(0),
+        stride_kb=kv_cache.stride(1),
+        stride_kt=kv_cache.stride(2),
+        stride_kh=kv_cache.stride(3),
+        stride_ot=out.stride(0),
+        stride_oh=out.stride(1),
+        stride_bt=block_table.stride(0),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=head_dim_pad,
+        BLOCK_SIZE=block_size,
+        USE_WINDOW=sliding_window is not None,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+    )
+
+    if splits > 1:
+        rows = num_seqs * split_max_q * num_q_heads * splits
+        part_out = torch.empty((rows, head_dim), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((rows,), dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = out  # unused
+    paged_attention_kernel[(num_kv_heads, num_seqs, splits)](
+        **common,
+        part_out_ptr=part_out,
+        part_lse_ptr=part_lse,
+        num_splits=splits,
+        min_q_len=0,
+        BLOCK_M=split_block_m,
+        BLOCK_Q=split_max_q,
+        BLOCK_N=decode_cfg.block_n,
+        SEQ_PER_PROGRAM=True,
+        SPLIT_OUTPUT=splits > 1,
+        num_warps=decode_cfg.num_warps,
+        num_stages=decode_cfg.num_stages,
+    )
+    if splits > 1:
+        merge_splits_kernel[(num_seqs * split_max_q, num_q_heads)](
+            out,
+            part_out,
+            part_lse,
+            query_start_loc,
+            splits,
+            out.stride(0),
+            out.stride(1),
+            MAX_Q=split_max_q,
+            SPLIT_CHUNK=16,
+            HEAD_DIM=head_dim,
+            HEAD_DIM_PAD=head_dim_pad,
+            num_warps=4,
+        )
+
+    if max_query_len > split_max_q:
+        block_m = max(prefill_cfg.block_m, next_power_of_2(group))
+        block_q = block_m // group
+        paged_attention_kernel[(num_kv_heads, num_tokens // block_q + num_seqs, 1)](
+            **common,
+            part_out_ptr=out,
+            part_lse_ptr=out,
+            num_splits=1,
+            min_q_len=split_max_q,
+            BLOCK_M=block_m,
+            BLOCK_Q=block_q,
+            BLOCK_N=prefill_cfg.block_n,
+            SEQ_PER_PROGRAM=False,
+            SPLIT_OUTPUT=False,
+            num_warps=prefill_cfg.num_warps,
+            num_stages=prefill_cfg.num_stages,
+        )
+    return out
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    max_query_len: int | None = None,
+    max_seq_len: int | None = None,
+    scale: float,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Torch reference of `paged_attention`: gather each sequence's pages, causal softmax in
+    float32. Syncs with the host; for tests and the CPU path."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    group = num_q_heads // num_kv_heads
+    if out is None:
+        out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    for i, seq_len in enumerate(lens):
+        q_begin, q_end = starts[i], starts[i + 1]
+        q_len = q_end - q_begin
+        if q_len == 0:
+            continue
+        blocks = block_table[i, : -(-seq_len // block_size)].long()
+        k = kv_cache[0, blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
+        v = kv_cache[1, blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q[q_begin:q_end].float(), k) * scale
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
+        k_pos = torch.arange(seq_len, device=q.device)[None, :]
+        visible = k_pos <= q_pos
+        if sliding_window is not None:
+            visible &= k_pos > q_pos - sliding_window
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+        out[q_begin:q_end] = torch.einsum("hqk,khd->qhd", probs, v).to(out.dtype)
+    return out

@@ -1,0 +1,169 @@
+"""Paged attention kernel against its torch reference, at interpreter-sized shapes."""
+
+import pytest
+import torch
+
+from inferengine.kernels import paged_attention as pa
+
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+
+
+def check(batch, assert_close, *, max_query_len=None, max_seq_len=None, **kwargs) -> None:
+    """Run kernel (into a NaN-poisoned output) and reference on `batch`, compare them."""
+    head_dim = batch.q.shape[-1]
+    window = kwargs.pop("sliding_window", None)
+    bounds = {
+        "max_query_len": max_query_len or batch.max_query_len,
+        "max_seq_len": max_seq_len or batch.max_seq_len,
+    }
+    out = torch.full_like(batch.q, float("nan"))
+    pa.run_paged_attention(
+        *batch.args(), **bounds, scale=head_dim**-0.5, sliding_window=window, out=out, **kwargs
+    )
+    expected = pa.paged_attention_ref(*batch.args(), scale=head_dim**-0.5, sliding_window=window)
+    assert_close(out, expected)
+
+
+# (query heads, KV heads, head dim, block size, dtype): GQA 1/2/4/8, both block sizes, both
+# main head dims, each dtype, without running the full product in the interpreter.
+SHAPES = [
+    (2, 2, 64, 16, F32),
+    (4, 2, 128, 32, BF16),
+    (8, 2, 64, 32, F16),
+    (4, 1, 128, 16, F32),
+    (8, 1, 64, 16, BF16),
+]
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize(("hq", "hkv", "head_dim", "block_size", "dtype"), SHAPES)
+def test_decode(paged_batch, assert_close, hq, hkv, head_dim, block_size, dtype, num_splits):
+    seq_lens = [1, 17, 64, 150]
+    batch = paged_batch(
+        [1] * 4, seq_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
+        block_size=block_size, dtype=dtype,
+    )  # fmt: skip
+    check(batch, assert_close, num_splits=num_splits)
+
+
+@pytest.mark.parametrize(("hq", "hkv", "head_dim", "block_size", "dtype"), SHAPES)
+def test_prefill(paged_batch, assert_close, hq, hkv, head_dim, block_size, dtype):
+    lens = [1, 33, 100]
+    batch = paged_batch(
+        lens, lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
+        block_size=block_size, dtype=dtype,
+    )  # fmt: skip
+    check(batch, assert_close)
+
+
+# Decodes, a fresh prompt, a prefix hit / chunk that starts mid-block, one that starts on a block
+# boundary, and an idle sequence with no queries (as a padded batch slot may be).
+MIXED_Q = [1, 37, 1, 20, 16, 0, 1]
+MIXED_SEQ = [45, 37, 130, 90, 48, 5, 2]
+
+
+@pytest.mark.parametrize(("hq", "hkv", "head_dim", "block_size", "dtype"), SHAPES)
+def test_mixed_batch(paged_batch, assert_close, hq, hkv, head_dim, block_size, dtype):
+    batch = paged_batch(
+        MIXED_Q, MIXED_SEQ, num_q_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
+        block_size=block_size, dtype=dtype,
+    )  # fmt: skip
+    check(batch, assert_close, num_splits=2)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_upper_bounds_give_same_result(paged_batch, assert_close, dtype):
+    """A CUDA graph captures with bounds, not the step's true maxima."""
+    batch = paged_batch(
+        MIXED_Q, MIXED_SEQ, num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
+        dtype=dtype,
+    )  # fmt: skip
+    check(batch, assert_close, max_query_len=256, max_seq_len=4096)
+    decode = paged_batch([1, 1, 1], [3, 40, 77], num_q_heads=4, num_kv_heads=2, head_dim=64,
+                         block_size=16, dtype=dtype)  # fmt: skip
+    check(decode, assert_close, max_query_len=1, max_seq_len=4096)
+
+
+@pytest.mark.parametrize("max_query_len", [3, 40])
+def test_short_queries_on_split_path(paged_batch, assert_close, max_query_len):
+    """Speculative-decoding shape: a few queries per sequence over a longer context; with a
+    large bound the same batch goes down the prefill path instead."""
+    batch = paged_batch(
+        [3, 2, 1, 3], [3, 50, 81, 120], num_q_heads=4, num_kv_heads=2, head_dim=64,
+        block_size=16, dtype=F32,
+    )  # fmt: skip
+    check(batch, assert_close, max_query_len=max_query_len, num_splits=3)
+
+
+@pytest.mark.parametrize("window", [1, 24, 1000])
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_sliding_window(paged_batch, assert_close, window, num_splits):
+    batch = paged_batch(
+        MIXED_Q, MIXED_SEQ, num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
+        dtype=F32,
+    )  # fmt: skip
+    check(batch, assert_close, sliding_window=window, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_long_context_many_blocks(paged_batch, assert_close, dtype):
+    """A few hundred tokens over dozens of shuffled pages: decode with many splits, a chunk
+    continuing a long prefix, and a window over it."""
+    batch = paged_batch(
+        [1, 48, 1], [700, 600, 333], num_q_heads=2, num_kv_heads=1, head_dim=32,
+        block_size=16, dtype=dtype,
+    )  # fmt: skip
+    check(batch, assert_close, num_splits=7)
+    # A window much wider than a key tile but narrower than the context: mask-free middle tiles.
+    check(batch, assert_close, sliding_window=300, num_splits=2)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_query_without_context_gives_zeros(paged_batch, assert_close, num_splits):
+    """A padded slot may carry one query and seq_len 0: finite zeros, not NaN."""
+    batch = paged_batch(
+        [1, 1, 1], [30, 0, 1], num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
+        dtype=F32,
+    )  # fmt: skip
+    check(batch, assert_close, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("head_dim", [32, 96])
+def test_other_head_dims(paged_batch, assert_close, head_dim):
+    batch = paged_batch(
+        MIXED_Q, MIXED_SEQ, num_q_heads=4, num_kv_heads=2, head_dim=head_dim, block_size=16,
+        dtype=F32,
+    )  # fmt: skip
+    check(batch, assert_close, num_splits=2)
+
+
+def test_default_plan_and_strided_views(paged_batch, assert_close):
+    """The public call with its own split plan; q and out as head slices of wider rows."""
+    batch = paged_batch(
+        [1, 1, 9], [300, 64, 20], num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=32,
+        dtype=F32,
+    )  # fmt: skip
+    qkv = torch.randn(batch.q.shape[0], 8, 64, dtype=F32, device=batch.q.device)
+    qkv[:, :4] = batch.q
+    wide_out = torch.full((batch.q.shape[0], 6, 64), float("nan"), device=batch.q.device)
+    out = pa.paged_attention(
+        qkv[:, :4], batch.kv_cache, batch.query_start_loc, batch.seq_lens, batch.block_table,
+        max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len, scale=0.125,
+        out=wide_out[:, 1:5],
+    )  # fmt: skip
+    assert out.data_ptr() == wide_out[:, 1:5].data_ptr()
+    assert wide_out[:, 0].isnan().all() and wide_out[:, 5].isnan().all()
+    assert_close(out, pa.paged_attention_ref(*batch.args(), scale=0.125))
+    fresh = pa.paged_attention(
+        *batch.args(), max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
+        scale=0.125,
+    )  # fmt: skip
+    assert_close(fresh, out)
+
+
+def test_num_kv_splits_fills_the_device():
+    assert pa.num_kv_splits(256, 8, 32768, sms=132) == 1
+    assert pa.num_kv_splits(1, 4, 32768, sms=132) * 4 >= 2 * 132
+    assert pa.num_kv_splits(1, 4, 100, sms=132) == 1
+    assert 1 <= pa.num_kv_splits(64, 4, 4096, sms=132) <= 4096 // pa.SPLIT_MIN_TOKENS
+    assert pa.num_kv_splits(1, 1, 10**7, sms=10**4) == pa.MAX_SPLITS
