@@ -12,6 +12,7 @@ expected reason). Writes `benchmarks/results/<UTC stamp>-gpu-equivalence/`.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def run(model: str, setting: dict, prompts, lengths, max_num_seqs: int):
         max_model_len=8192,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=2048,
-        gpu_memory_utilization=0.6,
+        gpu_memory_utilization=0.28,
         **setting,
     )
     params = [
@@ -58,6 +59,7 @@ def run(model: str, setting: dict, prompts, lengths, max_num_seqs: int):
     ]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     del llm
+    gc.collect()
     torch.cuda.empty_cache()
     tokens = [o.outputs[0].token_ids for o in outputs]
     margins = []

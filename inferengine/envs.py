@@ -39,3 +39,8 @@ def triton_interpret() -> bool:
 
 def engine_startup_timeout_s() -> float:
     return float(os.environ.get("INFERENGINE_ENGINE_STARTUP_TIMEOUT", "900"))
+
+
+def step_stats_interval_s() -> float:
+    """Log per-step timings of the engine core every this many seconds (0: off)."""
+    return float(os.environ.get("INFERENGINE_STEP_STATS_INTERVAL", "0"))

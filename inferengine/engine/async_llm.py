@@ -81,13 +81,18 @@ class AsyncLLM:
     def __init__(self, config: EngineConfig, stat_loggers: list[StatLogger] | None = None):
         self.config = config
         self.model_config = config.model_config
-        self.tokenizer = load_tokenizer(
-            config.model_config.tokenizer or config.model_config.model_path
-        )
+        # The engine core starts first: it loads while this process reads the tokenizer.
+        self.client = AsyncMPClient(config)
+        try:
+            self.tokenizer = load_tokenizer(
+                config.model_config.tokenizer or config.model_config.model_path
+            )
+        except BaseException:
+            self.client.shutdown()
+            raise
         self.input_processor = InputProcessor(config.model_config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stat_loggers = list(stat_loggers or [])
-        self.client: AsyncMPClient | None = None
         self.collectors: dict[str, RequestCollector] = {}
         self.children: dict[str, list[str]] = {}  # parent id -> core request ids
         self.scheduler_stats = SchedulerStats()
@@ -98,8 +103,7 @@ class AsyncLLM:
         self._ids = itertools.count()
 
     async def start(self) -> None:
-        """Start the engine-core process and wait until it serves."""
-        self.client = AsyncMPClient(self.config)
+        """Wait until the engine core serves."""
         self.ready_info = await self.client.wait_until_ready()
         self.scheduler_stats.num_blocks = self.ready_info.get("num_blocks", 0)
         self._handler = asyncio.create_task(self._output_handler())
@@ -108,11 +112,11 @@ class AsyncLLM:
 
     @property
     def is_running(self) -> bool:
-        return self.client is not None and not self.client.is_dead
+        return bool(self.ready_info) and not self.client.is_dead
 
     @property
     def dead_reason(self) -> str | None:
-        return None if self.client is None else self.client.dead_reason
+        return self.client.dead_reason
 
     @property
     def num_unfinished_requests(self) -> int:
@@ -144,7 +148,6 @@ class AsyncLLM:
         self.children[request_id] = [r.request_id for r in core_requests]
         finished = False
         try:
-            assert self.client is not None
             for request in core_requests:
                 await self.client.add_request(request)
             while True:
@@ -195,13 +198,11 @@ class AsyncLLM:
 
     async def abort(self, request_ids: list[str]) -> None:
         self.output_processor.abort(request_ids)
-        if self.client is not None:
-            await self.client.abort_requests(request_ids)
+        await self.client.abort_requests(request_ids)
 
     # ---- the output handler ------------------------------------------------------------
 
     async def _output_handler(self) -> None:
-        assert self.client is not None
         try:
             while True:
                 core_outputs = await self.client.get_output()
@@ -261,18 +262,16 @@ class AsyncLLM:
 
     async def refresh_stats(self) -> None:
         """Ask the core for fresh scheduler stats (they otherwise arrive with outputs)."""
-        if self.client is not None and self.is_running:
+        if self.is_running:
             raw = await self.client.call_utility("get_stats")
             import msgspec
 
             self.scheduler_stats = msgspec.convert(raw, SchedulerStats)
 
     async def reset_prefix_cache(self) -> bool:
-        assert self.client is not None
         return bool(await self.client.call_utility("reset_prefix_cache"))
 
     def shutdown(self) -> None:
         if self._handler is not None:
             self._handler.cancel()
-        if self.client is not None:
-            self.client.shutdown()
+        self.client.shutdown()

@@ -8,11 +8,13 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from inferengine import envs
 from inferengine.config import EngineConfig
 from inferengine.core.engine_io import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from inferengine.core.request import FinishReason, Request, RequestStatus
 from inferengine.core.sched_output import SchedulerOutput
 from inferengine.core.scheduler import Scheduler
+from inferengine.engine.step_timer import StepTimer
 from inferengine.errors import ConfigError
 from inferengine.executor.uniproc import UniprocExecutor
 from inferengine.logger import init_logger
@@ -37,6 +39,8 @@ class EngineCore:
         self._pending_outputs: list[EngineCoreOutput] = []
         self.async_scheduling = config.scheduler_config.async_scheduling
         self._inflight: tuple[SchedulerOutput, PendingStep] | None = None
+        interval = envs.step_stats_interval_s()
+        self.step_timer = StepTimer(interval) if interval > 0 else None
         logger.info("engine core ready in %.2f s", time.perf_counter() - start)
 
     def _check_capacity(self, num_blocks: int) -> None:
@@ -113,14 +117,24 @@ class EngineCore:
         """One step. With async scheduling, launch step N+1 before collecting step N, so the
         host schedules and prepares while the GPU computes; the outputs are step N's."""
         launched = None
+        timer = self.step_timer
         if self.scheduler.has_unfinished_requests():
+            t0 = time.perf_counter()
             scheduler_output = self.scheduler.schedule()
+            t1 = time.perf_counter()
             launched = (scheduler_output, self.executor.execute_model_async(scheduler_output))
+            if timer is not None:
+                timer.launched(scheduler_output, launched[1], t1 - t0, time.perf_counter() - t1)
         if not self.async_scheduling and launched is not None:
             self._inflight, launched = launched, None
         if self._inflight is not None:
             scheduler_output, pending = self._inflight
-            outputs = self.scheduler.update_from_output(scheduler_output, pending.resolve())
+            t0 = time.perf_counter()
+            runner_output = pending.resolve()
+            t1 = time.perf_counter()
+            outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+            if timer is not None:
+                timer.resolved(t1 - t0, time.perf_counter() - t1)
         else:
             outputs = EngineCoreOutputs(
                 scheduler_stats=self.scheduler.make_stats(), timestamp=time.time()

@@ -41,21 +41,19 @@ def _ipc_addresses() -> tuple[str, str]:
 
 class AsyncMPClient:
     def __init__(self, config: EngineConfig):
+        """Start the engine-core process at once; sockets are bound in `wait_until_ready`,
+        inside the event loop (the core's sockets connect and wait until then)."""
         self.config = config
-        self.ctx = zmq.asyncio.Context()
-        input_addr, output_addr = _ipc_addresses()
-        self.input_socket = self.ctx.socket(zmq.PUSH)
-        self.input_socket.bind(input_addr)
-        self.output_socket = self.ctx.socket(zmq.PULL)
-        self.output_socket.bind(output_addr)
+        self.input_addr, self.output_addr = _ipc_addresses()
         mp = multiprocessing.get_context("spawn")
         self.proc = mp.Process(
             target=run_engine_core,
-            args=(config, input_addr, output_addr),
+            args=(config, self.input_addr, self.output_addr),
             name="InferEngineCore",
             daemon=True,
         )
         self.proc.start()
+        self.ctx: zmq.asyncio.Context | None = None
         self.ready_info: dict[str, Any] = {}
         self.dead_reason: str | None = None
         self._utility_ids = itertools.count()
@@ -64,10 +62,18 @@ class AsyncMPClient:
         self._reader: asyncio.Task | None = None
         self._watchdog: asyncio.Task | None = None
 
+    def _bind(self) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.input_socket = self.ctx.socket(zmq.PUSH)
+        self.input_socket.bind(self.input_addr)
+        self.output_socket = self.ctx.socket(zmq.PULL)
+        self.output_socket.bind(self.output_addr)
+
     # ---- start-up ---------------------------------------------------------------------
 
     async def wait_until_ready(self) -> dict[str, Any]:
         """Wait for the core's READY message (or its failure) and start the reader tasks."""
+        self._bind()
         deadline = time.monotonic() + envs.engine_startup_timeout_s()
         while True:
             if await self.output_socket.poll(timeout=500):
@@ -182,6 +188,7 @@ class AsyncMPClient:
                 self.proc.join(1.0)
         if self.dead_reason is None:
             self.dead_reason = "shut down"
-        self.input_socket.close(linger=0)
-        self.output_socket.close(linger=0)
-        self.ctx.term()
+        if self.ctx is not None:
+            self.input_socket.close(linger=0)
+            self.output_socket.close(linger=0)
+            self.ctx.term()

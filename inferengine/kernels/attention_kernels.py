@@ -91,7 +91,9 @@ def _attend_kv_tile(
     return acc, l_i, m_new
 
 
-@triton.jit
+# Ints that change from step to step must not specialize the kernel (Triton would compile a new
+# variant for values 1 and multiples of 16 in the middle of serving).
+@triton.jit(do_not_specialize=["num_seqs", "num_splits", "min_q_len", "sliding_window"])
 def paged_attention_kernel(
     q_ptr,
     kv_cache_ptr,
@@ -229,7 +231,7 @@ def paged_attention_kernel(
         tl.store(part_ptrs, out, mask=row_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def merge_splits_kernel(
     out_ptr,
     part_out_ptr,

@@ -1,9 +1,12 @@
-"""CUDA graphs for decode steps: the whole forward captured at padded batch sizes.
+"""CUDA graphs of the whole forward, for decode steps and for small mixed steps.
 
-A decode step of B requests replays the graph of the smallest captured size ≥ B; the extra
-sequences are one dummy token each that read the null block and write nowhere (slot −1).
-Inputs live in the runner's persistent buffers, so a replay needs only the staging copies.
-Graphs are captured largest first into one shared memory pool.
+A step is padded up to a captured shape: decode graphs take B one-token sequences (padded to a
+captured batch size), mixed graphs take any batch of up to T tokens (padded to a captured token
+count, with as many sequence slots as tokens, up to max_num_seqs). Padding tokens belong to no
+sequence and write nowhere; padding sequences have no queries and no context. Attention is
+launched with host-side bounds (max_query_len, max_model_len), never with device values, so one
+graph serves every step of its shape. Inputs live in the runner's persistent buffers; graphs are
+captured largest first into one shared memory pool.
 """
 
 from __future__ import annotations
@@ -22,8 +25,12 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
+# Mixed steps above this many tokens run eagerly: their GPU time dwarfs the launch overhead.
+MAX_MIXED_GRAPH_TOKENS = 2048
+
 
 def default_capture_sizes(max_num_seqs: int, max_num_tokens: int) -> list[int]:
+    """Batch sizes for decode graphs: 1, 2, 4, 8, then every 8 up to max_num_seqs."""
     limit = min(max_num_seqs, max_num_tokens)
     sizes = [s for s in (1, 2, 4, 8) if s <= limit]
     sizes += list(range(16, limit + 1, 8))
@@ -32,79 +39,123 @@ def default_capture_sizes(max_num_seqs: int, max_num_tokens: int) -> list[int]:
     return sorted(set(sizes))
 
 
+def default_mixed_sizes(max_num_tokens: int) -> list[int]:
+    """Token counts for mixed graphs: every 64 up to 512, 128 up to 1024, 256 up to 2048."""
+    sizes = list(range(64, 513, 64)) + list(range(640, 1025, 128)) + list(range(1280, 2049, 256))
+    return [s for s in sizes if s <= min(max_num_tokens, MAX_MIXED_GRAPH_TOKENS)]
+
+
+class GraphShape:
+    """One captured shape: token slots, sequence slots and the attention bounds."""
+
+    def __init__(self, kind: str, num_tokens: int, num_seqs: int, max_query_len: int):
+        self.kind = kind
+        self.num_tokens = num_tokens
+        self.num_seqs = num_seqs
+        self.max_query_len = max_query_len
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.kind, self.num_tokens
+
+
 class CudaGraphRunner:
-    """With `capture=False` (`--enforce-eager`) decode steps take the same padded shapes and
-    launch bounds but run eagerly, so graphs change nothing about the numbers."""
+    """With `capture=False` (`--enforce-eager`) steps take the same padded shapes and launch
+    bounds but run eagerly, so graphs change nothing about the numbers."""
 
-    def __init__(self, runner: ModelRunner, sizes: list[int], capture: bool = True):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        decode_sizes: list[int],
+        mixed_sizes: list[int],
+        capture: bool = True,
+    ):
         self.runner = runner
-        self.sizes = sorted(sizes)
         self.use_graphs = capture
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.hidden: dict[int, torch.Tensor] = {}
-        self._metadata: dict[int, AttentionMetadata] = {}
+        max_seqs = runner.buffers.max_num_seqs
+        self.decode_sizes = sorted(decode_sizes)
+        self.mixed_sizes = sorted(mixed_sizes)
+        self.shapes = {("decode", b): GraphShape("decode", b, b, 1) for b in self.decode_sizes}
+        for t in self.mixed_sizes:
+            self.shapes[("mixed", t)] = GraphShape("mixed", t, min(t, max_seqs), t)
+        self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
+        self.hidden: dict[tuple[str, int], torch.Tensor] = {}
+        self._metadata: dict[tuple[str, int], AttentionMetadata] = {}
 
-    def padded_size(self, num_seqs: int) -> int | None:
-        i = bisect.bisect_left(self.sizes, num_seqs)
-        return self.sizes[i] if i < len(self.sizes) else None
+    def shape_for(self, num_tokens: int, num_seqs: int, max_query_len: int) -> GraphShape | None:
+        """The smallest captured shape that holds this step, or None (run it eagerly)."""
+        if max_query_len == 1:
+            i = bisect.bisect_left(self.decode_sizes, num_seqs)
+            if i < len(self.decode_sizes):
+                return self.shapes[("decode", self.decode_sizes[i])]
+        i = bisect.bisect_left(self.mixed_sizes, num_tokens)
+        if i < len(self.mixed_sizes):
+            shape = self.shapes[("mixed", self.mixed_sizes[i])]
+            if num_seqs <= shape.num_seqs:
+                return shape
+        return None
 
-    def metadata(self, size: int) -> AttentionMetadata:
-        md = self._metadata.get(size)
+    def metadata(self, shape: GraphShape) -> AttentionMetadata:
+        md = self._metadata.get(shape.key)
         if md is None:
             b = self.runner.buffers
             md = AttentionMetadata(
-                num_actual_tokens=size,
-                max_query_len=1,
-                # An upper bound: the kernels size their launch by it, never by device values.
+                num_actual_tokens=shape.num_tokens,
+                max_query_len=shape.max_query_len,
                 max_seq_len=self.runner.max_model_len,
-                query_start_loc=b.query_start_loc[: size + 1],
-                seq_lens=b.seq_lens[:size],
-                block_table=b.block_table_dev[:size],
-                slot_mapping=b.slot_mapping[:size],
+                query_start_loc=b.query_start_loc[: shape.num_seqs + 1],
+                seq_lens=b.seq_lens[: shape.num_seqs],
+                block_table=b.block_table_dev[: shape.num_seqs],
+                slot_mapping=b.slot_mapping[: shape.num_tokens],
             )
-            self._metadata[size] = md
+            self._metadata[shape.key] = md
         return md
 
-    def _forward(self, size: int) -> torch.Tensor:
+    def _forward(self, shape: GraphShape) -> torch.Tensor:
         b = self.runner.buffers
+        n = shape.num_tokens
         return self.runner.model(
-            b.input_ids[:size], b.positions[:size], self.runner.kv_caches, self.metadata(size)
+            b.input_ids[:n], b.positions[:n], self.runner.kv_caches, self.metadata(shape)
         )
 
     @torch.inference_mode()
     def capture(self) -> float:
         start = time.perf_counter()
         b = self.runner.buffers
-        # Dummy decode inputs: every sequence one token at position 0, writing nowhere.
-        max_size = self.sizes[-1]
-        b.input_ids[:max_size].zero_()
-        b.positions[:max_size].zero_()
-        b.slot_mapping[:max_size].fill_(-1)
-        b.query_start_loc[: max_size + 1].copy_(torch.arange(max_size + 1, dtype=torch.int32))
-        b.seq_lens[:max_size].fill_(1)
-        b.block_table_dev[:max_size].zero_()
+        # Dummy inputs: every token unowned and writing nowhere, every sequence empty.
+        b.input_ids.zero_()
+        b.positions.zero_()
+        b.slot_mapping.fill_(-1)
+        b.query_start_loc.zero_()
+        b.seq_lens.zero_()
+        b.block_table_dev.zero_()
         pool = None
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
+        order = sorted(self.shapes.values(), key=lambda s: s.num_tokens, reverse=True)
         with torch.cuda.stream(stream):
-            for size in reversed(self.sizes):
-                self._forward(size)  # warm-up: compiles kernels for this shape
+            for shape in order:
+                self._forward(shape)  # warm-up: compiles kernels for this shape
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    self.hidden[size] = self._forward(size)
+                    self.hidden[shape.key] = self._forward(shape)
                 pool = graph.pool()
-                self.graphs[size] = graph
+                self.graphs[shape.key] = graph
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         logger.info(
-            "captured %d CUDA graphs (batch 1..%d) in %.2f s", len(self.sizes), max_size, seconds
+            "captured %d CUDA graphs (decode batch 1..%d, mixed steps up to %d tokens) in %.2f s",
+            len(self.graphs),
+            max(self.decode_sizes, default=0),
+            max(self.mixed_sizes, default=0),
+            seconds,
         )
         return seconds
 
-    def replay(self, size: int) -> torch.Tensor:
-        """Run the captured forward; returns its hidden states [size, hidden]."""
+    def replay(self, shape: GraphShape) -> torch.Tensor:
+        """Run the forward of `shape` (captured, or eagerly); returns hidden [tokens, hidden]."""
         if not self.use_graphs:
-            return self._forward(size)
-        self.graphs[size].replay()
-        return self.hidden[size]
+            return self._forward(shape)
+        self.graphs[shape.key].replay()
+        return self.hidden[shape.key]

@@ -78,8 +78,9 @@ class InputBuffers:
     def stage(self, layout: StepLayout, pad_tokens: int = 0, pad_seqs: int = 0) -> int:
         """Fill a staging set for `layout` and copy it to the device.
 
-        With padding (CUDA graphs), `pad_seqs` sequences of one dummy token each follow: they
-        read the null block and write nowhere (slot −1). Returns the number of tokens staged.
+        With padding (CUDA graphs), `pad_tokens` trailing tokens belong to no sequence and write
+        nowhere (slot −1), and `pad_seqs` trailing sequences have no queries and no context.
+        Returns the number of tokens staged.
         """
         self._turn ^= 1
         st = self.st = self._staging[self._turn]
@@ -101,14 +102,15 @@ class InputBuffers:
         st.seq_lens[:b] = layout.starts + n_sched
         st.table[:b] = self.block_table[layout.rows]
         total_tokens, total_seqs = num_tokens, b
-        if pad_seqs:
+        if pad_tokens:
             st.input_ids[num_tokens : num_tokens + pad_tokens] = 0
             st.positions[num_tokens : num_tokens + pad_tokens] = 0
             st.slots[num_tokens : num_tokens + pad_tokens] = -1
-            st.qsl[b + 1 : b + 1 + pad_seqs] = cu[-1] + np.arange(1, pad_seqs + 1)
-            st.seq_lens[b : b + pad_seqs] = 1
-            st.table[b : b + pad_seqs] = 0
             total_tokens += pad_tokens
+        if pad_seqs:
+            st.qsl[b + 1 : b + 1 + pad_seqs] = num_tokens
+            st.seq_lens[b : b + pad_seqs] = 0
+            st.table[b : b + pad_seqs] = 0
             total_seqs += pad_seqs
         st.copy_to(self, total_tokens, total_seqs)
         return total_tokens

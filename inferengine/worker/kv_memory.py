@@ -54,7 +54,7 @@ def num_blocks_for_cuda(
     free, total = torch.cuda.mem_get_info(device)
     peak = torch.cuda.max_memory_allocated(device)
     non_torch = max(0, total - free - torch.cuda.memory_reserved(device))
-    graph_reserve = 0 if config.enforce_eager else _GIB // 2
+    graph_reserve = 0 if config.enforce_eager else _GIB  # graph pools, mixed steps included
     budget = total * config.cache_config.gpu_memory_utilization - peak - non_torch - graph_reserve
     logger.info(
         "memory: total %.1f GiB, peak in profile run %.2f GiB, outside torch %.2f GiB, "

@@ -19,7 +19,7 @@ from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from inferengine.sample.metadata import build_sampling_metadata
 from inferengine.sample.sampler import Sampler, gather_logprobs
 from inferengine.sampling_params import SamplingParams
-from inferengine.worker.cuda_graphs import CudaGraphRunner
+from inferengine.worker.cuda_graphs import CudaGraphRunner, GraphShape
 from inferengine.worker.input_batch import InputBuffers, StepLayout
 from inferengine.worker.pending_step import PendingStep
 
@@ -46,7 +46,7 @@ class StepInputs:
     sample_rows: list[int]  # batch rows that produce a token this step
     logits_rows: list[int]  # flat token index of each sampling row's last token
     prompt_logprob_rows: dict[str, tuple[int, int, int]]  # req -> (flat start, count, first pos)
-    graph_size: int | None  # padded batch size of the CUDA graph to replay, if any
+    graph_shape: GraphShape | None  # the padded shape to run as a CUDA graph, if any
     num_scheduled: list[int]  # tokens per request, in batch order
 
 
@@ -143,13 +143,15 @@ class ModelRunner:
             flat += n
         num_tokens = flat
         max_query_len = int(layout.num_scheduled.max())
-        graph_size = None
-        if self.graphs is not None and max_query_len == 1 and not prompt_rows:
-            graph_size = self.graphs.padded_size(len(states))
         b = len(states)
-        if graph_size is not None:
-            self.buffers.stage(layout, pad_tokens=graph_size - b, pad_seqs=graph_size - b)
-            metadata = self.graphs.metadata(graph_size)
+        shape = None
+        if self.graphs is not None:
+            shape = self.graphs.shape_for(num_tokens, b, max_query_len)
+        if shape is not None:
+            self.buffers.stage(
+                layout, pad_tokens=shape.num_tokens - num_tokens, pad_seqs=shape.num_seqs - b
+            )
+            metadata = self.graphs.metadata(shape)
         else:
             self.buffers.stage(layout)
             seq_lens_np = layout.starts + layout.num_scheduled
@@ -173,7 +175,7 @@ class ModelRunner:
             sample_rows=sample_rows,
             logits_rows=logits_rows,
             prompt_logprob_rows=prompt_rows,
-            graph_size=graph_size,
+            graph_shape=shape,
             num_scheduled=layout.num_scheduled.tolist(),
         )
 
@@ -199,9 +201,9 @@ class ModelRunner:
             req_ids=inputs.req_ids, sampled_token_ids=[[] for _ in inputs.req_ids]
         )
         n = inputs.num_tokens
-        if inputs.graph_size is not None:
+        if inputs.graph_shape is not None:
             assert self.graphs is not None
-            hidden = self.graphs.replay(inputs.graph_size)
+            hidden = self.graphs.replay(inputs.graph_shape)
         else:
             hidden = self.model(
                 self.buffers.input_ids[:n],
@@ -226,6 +228,7 @@ class ModelRunner:
         if inputs.prompt_logprob_rows:
             self._prompt_logprobs(inputs, hidden, output)
         pending = PendingStep(output, inputs.sample_rows, states, result, self.buffers.token_ids)
+        pending.graph_size = inputs.graph_shape.num_tokens if inputs.graph_shape else None
         self._last = pending
         self._last_index = {s.req_id: i for i, s in enumerate(states)}
         return pending
@@ -282,10 +285,12 @@ class ModelRunner:
 
     # ---- start-up ----------------------------------------------------------------------
 
-    def capture_cuda_graphs(self, sizes: list[int], capture: bool = True) -> float:
-        """Pad decode steps to `sizes` and capture a graph for each (unless `capture` is
+    def capture_cuda_graphs(
+        self, decode_sizes: list[int], mixed_sizes: list[int], capture: bool = True
+    ) -> float:
+        """Pad steps to captured shapes and capture a graph for each (unless `capture` is
         False); returns the seconds it took."""
-        self.graphs = CudaGraphRunner(self, sizes, capture)
+        self.graphs = CudaGraphRunner(self, decode_sizes, mixed_sizes, capture)
         return self.graphs.capture() if capture else 0.0
 
     @torch.inference_mode()

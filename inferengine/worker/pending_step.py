@@ -39,6 +39,7 @@ class PendingStep:
         self.sample_rows = sample_rows
         self.states = states
         self.token_buffer = token_buffer
+        self.graph_size: int | None = None  # the CUDA graph this step replayed, if any
         self._resolved = False
         self.sampled_device = result.sampled if result is not None else None
         self._host: list[torch.Tensor] = []

@@ -12,7 +12,7 @@ from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from inferengine.logger import init_logger
 from inferengine.model.loader.loader import TORCH_DTYPES, load_model
 from inferengine.worker import kv_memory
-from inferengine.worker.cuda_graphs import default_capture_sizes
+from inferengine.worker.cuda_graphs import default_capture_sizes, default_mixed_sizes
 from inferengine.worker.model_runner import ModelRunner
 
 logger = init_logger(__name__)
@@ -57,7 +57,11 @@ class Worker:
             sizes = self.config.cuda_graph_sizes or default_capture_sizes(
                 sc.max_num_seqs, sc.max_num_batched_tokens
             )
-            self.runner.capture_cuda_graphs(sizes, capture=not self.config.enforce_eager)
+            self.runner.capture_cuda_graphs(
+                sizes,
+                default_mixed_sizes(sc.max_num_batched_tokens),
+                capture=not self.config.enforce_eager,
+            )
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(scheduler_output)

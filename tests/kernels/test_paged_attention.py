@@ -167,3 +167,27 @@ def test_num_kv_splits_fills_the_device():
     assert pa.num_kv_splits(1, 4, 100, sms=132) == 1
     assert 1 <= pa.num_kv_splits(64, 4, 4096, sms=132) <= 4096 // pa.SPLIT_MIN_TOKENS
     assert pa.num_kv_splits(1, 1, 10**7, sms=10**4) == pa.MAX_SPLITS
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_graph_padding_leaves_real_rows_alone(paged_batch, assert_close, dtype):
+    """A CUDA graph pads a step: trailing sequences with no queries and no context, and trailing
+    tokens that belong to no sequence. The real rows come out as without padding."""
+    batch = paged_batch(
+        MIXED_Q, MIXED_SEQ, num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
+        dtype=dtype,
+    )  # fmt: skip
+    real_tokens, real_seqs = batch.q.shape[0], len(MIXED_Q)
+    pad_tokens, pad_seqs = 13, 5
+    q = torch.cat([batch.q, torch.randn(pad_tokens, *batch.q.shape[1:]).to(dtype)])
+    qsl = torch.cat([batch.query_start_loc, batch.query_start_loc[-1:].repeat(pad_seqs)])
+    seq_lens = torch.cat([batch.seq_lens, torch.zeros(pad_seqs, dtype=torch.int32)])
+    table = torch.cat([batch.block_table, torch.zeros_like(batch.block_table[:pad_seqs])])
+    out = torch.full_like(q, float("nan"))
+    pa.paged_attention(
+        q, batch.kv_cache, qsl, seq_lens, table, max_query_len=q.shape[0], max_seq_len=4096,
+        scale=64**-0.5, out=out,
+    )  # fmt: skip
+    expected = pa.paged_attention_ref(*batch.args(), scale=64**-0.5)
+    assert_close(out[:real_tokens], expected)
+    assert real_seqs + pad_seqs == seq_lens.shape[0]

@@ -71,7 +71,7 @@ def test_sigterm_drains_then_exits(servers):
     server = servers[1]
     engine_pid = server.stats()["engine_pid"]
     client = server.client()
-    body = LONG | {"max_tokens": 60, "stream": True, "stream_options": {"include_usage": True}}
+    body = LONG | {"max_tokens": 500, "stream": True, "stream_options": {"include_usage": True}}
     with client.stream("POST", "/v1/completions", json=body) as r:
         lines = r.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))
@@ -84,7 +84,7 @@ def test_sigterm_drains_then_exits(servers):
         rest = [line for line in lines if line.startswith("data: ")]
     assert rest[-1] == "data: [DONE]"
     usage = json.loads(rest[-2][6:])["usage"]
-    assert usage["completion_tokens"] == 60  # the in-flight request finished whole
+    assert usage["completion_tokens"] == 500  # the in-flight request finished whole
     assert server.proc.wait(30) == 0
     deadline = time.monotonic() + 10
     while _alive(engine_pid) and time.monotonic() < deadline:
