@@ -106,7 +106,6 @@ class _StreamTimer:
     def __init__(self, out: RequestOutput, chat: bool) -> None:
         self.out = out
         self.chat = chat
-        self.first_choice_at: float | None = None
         self.last_text_at: float | None = None
         self.last_event_at = out.start_time
         self.text_chunks = 0
@@ -121,15 +120,15 @@ class _StreamTimer:
             raise RuntimeError(f"server error in stream: {data['error']}")
         choices = data.get("choices") or []
         if choices:
-            if self.first_choice_at is None:
-                self.first_choice_at = now
+            # vLLM's convention: every chunk with choices is a token event, text or not
+            # (a special token, or bytes of an unfinished character, carry no text).
+            if self.last_text_at is None:
+                self.out.ttft = now - self.out.start_time
+            else:
+                self.out.itl.append(now - self.last_text_at)
+            self.last_text_at = now
             text = chunk_text(choices[0], self.chat)
             if text:
-                if self.last_text_at is None:
-                    self.out.ttft = now - self.out.start_time
-                else:
-                    self.out.itl.append(now - self.last_text_at)
-                self.last_text_at = now
                 self.text_chunks += 1
                 self.parts.append(text)
         usage = data.get("usage")
@@ -142,11 +141,9 @@ class _StreamTimer:
 
     def finish(self) -> None:
         out = self.out
-        if self.first_choice_at is None:
+        if self.last_text_at is None:
             out.error = "the stream ended without a single choice chunk"
             return
-        if self.last_text_at is None:  # only empty chunks: the output is empty text
-            out.ttft = self.first_choice_at - out.start_time
         if not out.usage_reported:
             out.output_tokens = self.text_chunks
         out.generated_text = "".join(self.parts)

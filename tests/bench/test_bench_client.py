@@ -65,9 +65,14 @@ def test_timings_and_usage(fake_server, chat):
     assert out.output_tokens == 6 and out.usage_reported
     assert out.prompt_len == 3  # the server's usage, not the dataset's 99
     assert out.generated_text == " t0 t1 t2 t3 t4 t5"
-    # The chat role chunk is sent at once; TTFT waits for the first text.
-    assert out.ttft >= 0.035
-    assert len(out.itl) == 5 and sum(out.itl) >= 0.03  # five sleeps of 10 ms, give or take
+    # vLLM's convention: every chunk with choices is an event, so the chat role chunk (sent at
+    # once) gives the TTFT, and the closing chunk (finish_reason, no text) one more gap.
+    if chat:
+        assert out.ttft < 0.035
+        assert len(out.itl) == 7 and sum(out.itl) >= 0.035 + 0.03
+    else:
+        assert out.ttft >= 0.035
+        assert len(out.itl) == 6 and sum(out.itl) >= 0.03  # five sleeps of 10 ms, give or take
     assert out.latency >= out.ttft + sum(out.itl) - 1e-6
     assert server.state.bodies[-1]["stream_options"] == {"include_usage": True}
 
@@ -76,7 +81,7 @@ def test_chunks_with_several_tokens(fake_server):
     server = fake_server(tokens_per_chunk=3, token_delay_ms=5)
     out = send(server, output_len=7)
     assert out.success and out.output_tokens == 7  # from usage
-    assert len(out.itl) == 2  # one gap per chunk (3 chunks: 3 + 3 + 1 tokens)
+    assert len(out.itl) == 3  # one gap per chunk (3 + 3 + 1 tokens, then the closing chunk)
 
 
 def test_without_usage_counts_text_chunks(fake_server):

@@ -168,19 +168,20 @@ class ServingChat(OpenAIServing):
 
         completion_tokens = cached = 0
         try:
-            first = [
-                ChatStreamChoice(index=i, delta=ChatDelta(role="assistant", content=""))
-                for i in range(req.n)
-            ]
-            for choice in first:
-                yield sse(chunk([choice]))
+            role_sent = False
             async for output in stream:
                 if output.error:
                     raise InvalidRequestError(output.error)
+                if not role_sent:  # with the first output, as vLLM does
+                    role_sent = True
+                    for i in range(req.n):
+                        role = ChatDelta(role="assistant", content="")
+                        yield sse(chunk([ChatStreamChoice(index=i, delta=role)]))
                 for c in output.outputs:
                     completion_tokens += len(c.token_ids)
                     logprobs = self._logprobs(c, num_top) if c.token_ids else None
-                    if not c.text and logprobs is None and c.finish_reason is None:
+                    # A chunk for every new token, even one with no text yet (as vLLM sends).
+                    if not c.text and not c.token_ids and c.finish_reason is None:
                         continue
                     choice = ChatStreamChoice(
                         index=c.index,

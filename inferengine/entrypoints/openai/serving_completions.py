@@ -195,7 +195,8 @@ class ServingCompletion(OpenAIServing):
                         logprobs = new if logprobs is None else _join(logprobs, new)
                     sent_chars[index] = offset + len(completion.text)
                     completion_tokens += len(completion.token_ids)
-                    if not text and logprobs is None and completion.finish_reason is None:
+                    # A chunk for every new token, even one with no text yet (as vLLM sends).
+                    if not text and not completion.token_ids and completion.finish_reason is None:
                         continue
                     choice = CompletionChoice(
                         index=index,
