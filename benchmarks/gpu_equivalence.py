@@ -40,18 +40,19 @@ def workload(n: int, vocab: int, seed: int = 0) -> tuple[list[list[int]], list[i
     return prompts, lengths
 
 
-def run(model: str, setting: dict, prompts, lengths, max_num_seqs: int):
+def run(model: str, setting: dict, prompts, lengths, max_num_seqs: int, dtype: str):
     """Token ids per request, and per position the margin between the top two logprobs."""
     from inferengine import LLM, SamplingParams
 
     llm = LLM(
         model,
         load_format="dummy",
-        dtype="bfloat16",
+        dtype=dtype,
         max_model_len=8192,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=2048,
-        gpu_memory_utilization=0.28,
+        # Engines run one after another in this process; each takes its share.
+        gpu_memory_utilization=0.28 if dtype == "bfloat16" else 0.55,
         **setting,
     )
     params = [
@@ -105,6 +106,7 @@ def main() -> None:
     parser.add_argument("--model", default="configs/qwen2.5-7b")
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--out-dir", default=None)
     args = parser.parse_args()
     from inferengine.engine.arg_utils import EngineArgs
@@ -112,13 +114,13 @@ def main() -> None:
     vocab = EngineArgs(model=args.model).create_engine_config().model_config.vocab_size
     prompts, lengths = workload(args.num_requests, vocab)
     runs = {
-        name: run(args.model, s, prompts, lengths, args.max_num_seqs)
+        name: run(args.model, s, prompts, lengths, args.max_num_seqs, args.dtype)
         for name, s in SETTINGS.items()
     }
     tokens = {name: r[0] for name, r in runs.items()}
     results = {
         "model": args.model,
-        "dtype": "bfloat16",
+        "dtype": args.dtype,
         "weights": "dummy (random normal, seed 0)",
         "prompt_lengths": [len(p) for p in prompts],
         "max_tokens": lengths,
@@ -130,7 +132,7 @@ def main() -> None:
         ),
         "tokens": tokens,
     }
-    folder = write_result_folder("gpu-equivalence", results, args.out_dir)
+    folder = write_result_folder(f"gpu-equivalence-{args.dtype}", results, args.out_dir)
     for key in ("triton_vs_torch", "graphs_vs_eager"):
         r = results[key]
         print(

@@ -305,7 +305,9 @@ def sweep(args) -> dict:
     the fixed tables in paged_attention.py."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out: dict[str, list] = {}
-    for b, ctx in [(64, 4096), (1, 32768), (256, 1024)]:
+    decode_points = [(64, 4096), (1, 32768), (256, 1024)] if args.sweep_what != "prefill" else []
+    prefill_points = [(1, 2048), (4, 2048), (1, 8192)] if args.sweep_what != "decode" else []
+    for b, ctx in decode_points:
         batch = build_batch([1] * b, [ctx] * b, args.block_size)
         rows = out.setdefault(f"decode b={b} ctx={ctx}", [])
         kv_bytes = 2 * b * ctx * HKV * D * DTYPE.itemsize
@@ -321,7 +323,7 @@ def sweep(args) -> dict:
                 row["GBps"] = kv_bytes / ms / 1e6
             rows.append(row)
         del batch
-    for b, chunk in [(1, 2048), (4, 2048), (1, 8192)]:
+    for b, chunk in prefill_points:
         batch = build_batch([chunk] * b, [chunk] * b, args.block_size)
         rows = out.setdefault(f"prefill b={b} chunk={chunk}", [])
         flops = 4 * D * HQ * b * chunk * (chunk + 1) // 2
@@ -408,6 +410,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="correctness at real sizes first")
     parser.add_argument("--check-only", action="store_true", help="correctness, no timing")
     parser.add_argument("--sweep", action="store_true", help="time tile configs instead")
+    parser.add_argument("--sweep-what", choices=["decode", "prefill", "all"], default="all")
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=None)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from inferengine.bench.bandwidth import copy_bandwidth_gbps
 from inferengine.bench.config import ServeConfig, WorkloadConfig
 from inferengine.bench.datasets import SampleRequest, load_tokenizer, sample_requests
 from inferengine.bench.environment import environment_text
@@ -88,6 +89,7 @@ def run_paired(cfg: PairedConfig) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"Results go to {out}")
     requests = sample_requests(cfg.workload.dataset, load_tokenizer(cfg.tokenizer))
+    bandwidth = copy_bandwidth_gbps()  # before any server holds the GPU
 
     runs: dict[str, dict] = {}
     results: dict[str, dict | None] = {}
@@ -105,6 +107,7 @@ def run_paired(cfg: PairedConfig) -> int:
     comparison["passed"] = comparison["gates_passed"] and comparison["all_systems_ran"]
     comparison["runs"] = runs
     comparison["workload"] = jsonable(dataclasses.asdict(cfg.workload))
+    comparison["device_copy_bandwidth_gbps"] = bandwidth
     if cfg.vllm_client:
         comparison["client_agreement"] = {
             n: client_agreement(results[n], _load_json(out, runs[n].get("vllm_client", {})))

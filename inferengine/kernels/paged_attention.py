@@ -28,7 +28,8 @@ class TileConfig:
 PREFILL_CONFIGS = {
     32: TileConfig(128, 64, 4, 3),
     64: TileConfig(128, 64, 4, 3),
-    128: TileConfig(128, 64, 8, 3),
+    # Best of the H100 sweep at chunk 2k (20261122T080938Z-kernels-attention-prefill-sweep).
+    128: TileConfig(128, 32, 4, 2),
     256: TileConfig(64, 32, 8, 2),
 }
 DECODE_CONFIGS = {
