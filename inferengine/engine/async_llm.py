@@ -17,8 +17,8 @@ from inferengine.config import EngineConfig
 from inferengine.core.engine_io import SchedulerStats
 from inferengine.engine.core_client import AsyncMPClient
 from inferengine.engine.input_processor import InputProcessor, PromptType, load_tokenizer
-from inferengine.engine.llm_engine import child_params
-from inferengine.engine.output_processor import OutputProcessor, ParentRequest
+from inferengine.engine.llm_engine import fan_out
+from inferengine.engine.output_processor import OutputProcessor
 from inferengine.errors import EngineDeadError, InvalidRequestError, OverloadedError
 from inferengine.logger import init_logger
 from inferengine.metrics.stats import IterationStats, StatLogger, ThroughputWindow
@@ -143,7 +143,16 @@ class AsyncLLM:
         self._check_capacity()
         text, token_ids = self.input_processor.tokenize(prompt)
         collector = RequestCollector(params.output_kind)
-        core_requests = self._fan_out(request_id, text, token_ids, params, priority, cache_salt)
+        core_requests = fan_out(
+            self.input_processor,
+            self.output_processor,
+            request_id,
+            text,
+            token_ids,
+            params,
+            priority,
+            cache_salt,
+        )
         self.collectors[request_id] = collector
         self.children[request_id] = [r.request_id for r in core_requests]
         finished = False
@@ -171,30 +180,6 @@ class AsyncLLM:
             raise OverloadedError(
                 f"the server is at capacity ({capacity} requests in flight); retry shortly."
             )
-
-    def _fan_out(self, request_id, text, token_ids, params, priority, cache_salt):
-        n = params.n
-        parent = ParentRequest(request_id, n, params.output_kind) if n > 1 else None
-        requests = []
-        for index in range(n):
-            sub_id = f"{index}_{request_id}" if parent else request_id
-            sub_params = child_params(params, index) if parent else params
-            requests.append(
-                self.input_processor.make_request(
-                    sub_id, token_ids, sub_params, priority=priority, cache_salt=cache_salt
-                )
-            )
-        for index, request in enumerate(requests):
-            self.output_processor.add_request(
-                request.request_id,
-                text,
-                token_ids,
-                request.sampling_params,
-                request.arrival_time,
-                parent,
-                index,
-            )
-        return requests
 
     async def abort(self, request_ids: list[str]) -> None:
         self.output_processor.abort(request_ids)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from inferengine.config import EngineConfig
+from inferengine.core.engine_io import EngineCoreRequest
 from inferengine.engine.core import EngineCore
 from inferengine.engine.input_processor import InputProcessor, PromptType, load_tokenizer
 from inferengine.engine.output_processor import OutputProcessor, ParentRequest
@@ -23,6 +24,42 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
     if params.seed is not None:
         child.seed = params.seed + index
     return child
+
+
+def fan_out(
+    input_processor: InputProcessor,
+    output_processor: OutputProcessor,
+    request_id: str,
+    text: str | None,
+    token_ids: list[int],
+    params: SamplingParams,
+    priority: int = 0,
+    cache_salt: str | None = None,
+) -> list[EngineCoreRequest]:
+    """The engine-core requests of one user request (one per sample of `n`), each validated
+    before any is registered with the output processor; returns them to be sent."""
+    parent = ParentRequest(request_id, params.n, params.output_kind) if params.n > 1 else None
+    requests = [
+        input_processor.make_request(
+            f"{index}_{request_id}" if parent else request_id,
+            token_ids,
+            child_params(params, index) if parent else params,
+            priority=priority,
+            cache_salt=cache_salt,
+        )
+        for index in range(params.n)
+    ]
+    for index, request in enumerate(requests):
+        output_processor.add_request(
+            request.request_id,
+            text,
+            token_ids,
+            request.sampling_params,
+            request.arrival_time,
+            parent,
+            index,
+        )
+    return requests
 
 
 class LLMEngine:
@@ -44,32 +81,17 @@ class LLMEngine:
         cache_salt: str | None = None,
     ) -> None:
         text, token_ids = self.input_processor.tokenize(prompt)
-        n = params.n
-        parent = ParentRequest(request_id, n, params.output_kind) if n > 1 else None
-        requests = []
-        for index in range(n):
-            sub_id = f"{index}_{request_id}" if parent else request_id
-            sub_params = child_params(params, index) if parent else params
-            requests.append(
-                (
-                    sub_id,
-                    index,
-                    self.input_processor.make_request(
-                        sub_id, token_ids, sub_params, priority=priority, cache_salt=cache_salt
-                    ),
-                )
-            )
-        for sub_id, index, core_request in requests:
-            self.output_processor.add_request(
-                sub_id,
-                text,
-                token_ids,
-                core_request.sampling_params,
-                core_request.arrival_time,
-                parent,
-                index,
-            )
-            self.core.add_request(core_request)
+        for request in fan_out(
+            self.input_processor,
+            self.output_processor,
+            request_id,
+            text,
+            token_ids,
+            params,
+            priority,
+            cache_salt,
+        ):
+            self.core.add_request(request)
 
     def abort_request(self, request_ids: list[str]) -> None:
         self.output_processor.abort(request_ids)
