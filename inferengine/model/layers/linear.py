@@ -11,6 +11,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferengine.distributed.parallel_state import get_tp_rank, get_tp_size, tp_all_reduce
+from inferengine.model.layers.fused import use_fused_kernels
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x Wᵀ + b. Decode-sized inputs on CUDA take the skinny Triton GEMM, which reads the
+    weights faster than cuBLAS does at a few rows (benchmarks/skinny_gemm.py)."""
+    if use_fused_kernels(x):
+        from inferengine.kernels.skinny_gemm import skinny_linear, supports
+
+        if supports(x, weight):
+            return skinny_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def _param(*shape: int) -> nn.Parameter:
@@ -65,7 +77,7 @@ class ColumnParallelLinear(nn.Module):
         target.copy_(rank_rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -122,7 +134,7 @@ class RowParallelLinear(nn.Module):
         default_weight_loader(param, cols)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        y = linear(x, self.weight)
         y = tp_all_reduce(y)
         # The bias is added once, after the reduction.
         return y if self.bias is None else y + self.bias

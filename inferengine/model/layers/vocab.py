@@ -12,6 +12,7 @@ from inferengine.distributed.parallel_state import (
     tp_all_gather,
     tp_all_reduce,
 )
+from inferengine.model.layers.linear import linear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -48,6 +49,6 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Hidden states to logits over the full vocabulary (each rank computes its rows)."""
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)
+        logits = linear(hidden, self.weight)
         logits = tp_all_gather(logits, dim=-1)
         return logits[..., : self.vocab_size]
