@@ -7,6 +7,7 @@ model steps, so socket work overlaps GPU work.
 
 from __future__ import annotations
 
+import gc
 import os
 import queue
 import signal
@@ -175,6 +176,10 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str) -> 
     except BaseException:
         logger.exception("engine core failed to start")
         os._exit(1)
+    # Everything built so far lives as long as the process: keep it out of the cyclic garbage
+    # collector's passes, whose pauses would otherwise land between GPU steps.
+    gc.collect()
+    gc.freeze()
     try:
         proc.run()
     except BaseException as e:

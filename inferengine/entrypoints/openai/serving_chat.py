@@ -36,7 +36,7 @@ from inferengine.entrypoints.openai.streaming import (
 )
 from inferengine.errors import InvalidRequestError
 from inferengine.outputs import CompletionOutput, RequestOutput
-from inferengine.sampling_params import RequestOutputKind
+from inferengine.sampling_params import RequestOutputKind, SamplingParams
 
 
 def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -78,6 +78,21 @@ class ServingChat(OpenAIServing):
     async def create(
         self, req: ChatCompletionRequest, raw: Request
     ) -> Response | ChatCompletionResponse:
+        prompt, params, num_top = self.prepare(req)
+        num_prompt = len(prompt["prompt_token_ids"])
+        request_id = random_id("chatcmpl")
+        streams = await self.start(request_id, [prompt], [params], req)
+        if req.stream:
+            return SSEResponse(self._stream(request_id, req, num_prompt, num_top, streams[0]))
+        return await unless_disconnected(
+            raw, self._full(request_id, num_prompt, num_top, streams[0])
+        )
+
+    def prepare(
+        self, req: ChatCompletionRequest
+    ) -> tuple[dict[str, Any], SamplingParams, int | None]:
+        """Check the request; its templated prompt, `SamplingParams` and number of top logprobs
+        (None: no logprobs). Also used by run-batch."""
         self.check_model(req.model)
         self._check_unsupported(req)
         prompt = self.engine.input_processor.chat_prompt(
@@ -91,13 +106,7 @@ class ServingChat(OpenAIServing):
             num_top = req.top_logprobs or 0
         kind = RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY
         params = self.sampling_params(req, max_tokens, kind, logprobs=num_top)
-        request_id = random_id("chatcmpl")
-        streams = await self.start(request_id, [prompt], [params], req)
-        if req.stream:
-            return SSEResponse(self._stream(request_id, req, num_prompt, num_top, streams[0]))
-        return await unless_disconnected(
-            raw, self._full(request_id, num_prompt, num_top, streams[0])
-        )
+        return prompt, params, num_top
 
     @staticmethod
     def _check_unsupported(req: ChatCompletionRequest) -> None:
@@ -129,6 +138,12 @@ class ServingChat(OpenAIServing):
         finally:
             await stream.aclose()
         assert final is not None
+        return self.response(request_id, num_prompt, num_top, final)
+
+    def response(
+        self, request_id: str, num_prompt: int, num_top: int | None, final: RequestOutput
+    ) -> ChatCompletionResponse:
+        """The non-streaming reply from the final output (also used by run-batch)."""
         if final.error:
             raise InvalidRequestError(final.error)
         choices = [

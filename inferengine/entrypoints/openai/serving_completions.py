@@ -32,7 +32,7 @@ from inferengine.entrypoints.openai.streaming import (
 )
 from inferengine.errors import InvalidRequestError
 from inferengine.outputs import CompletionOutput, RequestOutput
-from inferengine.sampling_params import RequestOutputKind
+from inferengine.sampling_params import RequestOutputKind, SamplingParams
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for the legacy completions endpoint
 
@@ -50,6 +50,15 @@ class Prompt:
 
 class ServingCompletion(OpenAIServing):
     async def create(self, req: CompletionRequest, raw: Request) -> Response | CompletionResponse:
+        prompts, params = self.prepare(req)
+        request_id = random_id("cmpl")
+        streams = await self.start(request_id, [p.engine_input() for p in prompts], params, req)
+        if req.stream:
+            return SSEResponse(self._stream(request_id, req, prompts, streams))
+        return await unless_disconnected(raw, self._full(request_id, req, prompts, streams))
+
+    def prepare(self, req: CompletionRequest) -> tuple[list[Prompt], list[SamplingParams]]:
+        """Check the request; its prompts and one `SamplingParams` each (also used by run-batch)."""
         self.check_model(req.model)
         if req.suffix is not None:
             raise InvalidRequestError("suffix is not supported.", param="suffix")
@@ -70,11 +79,7 @@ class ServingCompletion(OpenAIServing):
             )
             for p in prompts
         ]
-        request_id = random_id("cmpl")
-        streams = await self.start(request_id, [p.engine_input() for p in prompts], params, req)
-        if req.stream:
-            return SSEResponse(self._stream(request_id, req, prompts, streams))
-        return await unless_disconnected(raw, self._full(request_id, req, prompts, streams))
+        return prompts, params
 
     def _prompts(self, req: CompletionRequest) -> list[Prompt]:
         raw = req.prompt
@@ -119,10 +124,19 @@ class ServingCompletion(OpenAIServing):
                 finals[i] = output
         finally:
             await close_streams(streams)
+        return self.response(request_id, req, prompts, [finals[i] for i in range(len(prompts))])
+
+    def response(
+        self,
+        request_id: str,
+        req: CompletionRequest,
+        prompts: list[Prompt],
+        finals: list[RequestOutput],
+    ) -> CompletionResponse:
+        """The non-streaming reply from each prompt's final output (also used by run-batch)."""
         choices: list[CompletionChoice] = []
         prompt_tokens = completion_tokens = cached = 0
-        for i, prompt in enumerate(prompts):
-            output = finals[i]
+        for i, (prompt, output) in enumerate(zip(prompts, finals, strict=True)):
             _raise_engine_error(output)
             prompt_tokens += len(prompt.token_ids)
             cached += output.num_cached_tokens

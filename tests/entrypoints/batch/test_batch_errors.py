@@ -1,0 +1,117 @@
+"""A bad row becomes an error record and the run goes on; the summary counts done, failed, skipped."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferengine.entrypoints.batch.runner import check_paths
+from inferengine.errors import ConfigError
+from tests.entrypoints.batch.helpers import (
+    openai_line,
+    read_jsonl,
+    run,
+    write_jsonl,
+)
+
+GOOD = {"prompt": "Hello world", "max_tokens": 4, "temperature": 0}
+LONG_PROMPT = "Hello world, how are you today? " * 60  # far over max_model_len=128
+
+
+def test_bad_openai_rows_give_error_records(batch_llm, tmp_path):
+    bad = {
+        "invalid-json": '{"custom_id": "x", "method": ',
+        "not-an-object": "[1, 2, 3]",
+        "unknown-line-field": {**openai_line("unknown-line-field", GOOD), "extra": 1},
+        "unknown-body-field": openai_line("unknown-body-field", {**GOOD, "max_token": 4}),
+        "wrong-url": {**openai_line("wrong-url", GOOD), "url": "/v1/embeddings"},
+        "wrong-method": {**openai_line("wrong-method", GOOD), "method": "GET"},
+        "too-long": openai_line("too-long", {**GOOD, "prompt": LONG_PROMPT}),
+        "bad-top-p": openai_line("bad-top-p", {**GOOD, "top_p": 5}),
+        "bad-type": openai_line("bad-type", {**GOOD, "max_tokens": "many"}),
+        "no-messages": openai_line("no-messages", {"messages": [], "max_tokens": 4}),
+        "stream": openai_line("stream", {**GOOD, "stream": True}),
+        "bad-stop-token": openai_line("bad-stop-token", {**GOOD, "stop_token_ids": [10**6]}),
+        "other-model": openai_line("other-model", {**GOOD, "model": "gpt-4o"}),
+    }
+    good = [openai_line(f"good-{i}", GOOD) for i in range(4)]
+    lines = [good[0], *list(bad.values())[:7], good[1], good[2], *list(bad.values())[7:], good[3]]
+    inp = write_jsonl(tmp_path / "in.jsonl", lines)
+    summary = run(batch_llm, inp, tmp_path / "out.jsonl")
+    assert (summary.done, summary.failed, summary.skipped) == (4, len(bad), 0)
+    records = read_jsonl(tmp_path / "out.jsonl")
+    assert len(records) == len(lines)
+    by_id = {r["custom_id"]: r for r in records if isinstance(r["custom_id"], str)}
+    for i in range(4):
+        assert by_id[f"good-{i}"]["response"]["status_code"] == 200
+        assert by_id[f"good-{i}"]["error"] is None
+    # Unreadable rows are known by their row index.
+    assert {r["row_index"] for r in records if r["custom_id"] is None} == {1, 2}
+    messages = {
+        "unknown-line-field": "unknown field",
+        "unknown-body-field": "max_token",
+        "wrong-url": "not supported",
+        "wrong-method": "method must be POST",
+        "too-long": "maximum context length",
+        "bad-top-p": "top_p must be in",
+        "bad-type": "max_tokens",
+        "no-messages": "messages",
+        "stream": "stream is not supported",
+        "bad-stop-token": "outside the vocabulary",
+        "other-model": "does not exist",
+    }
+    for custom_id, text in messages.items():
+        record = by_id[custom_id]
+        assert record["error"] is not None and text in record["error"]["message"], record
+    # Errors the server would answer with carry its status code and error body.
+    assert by_id["too-long"]["response"]["status_code"] == 400
+    assert by_id["too-long"]["response"]["body"]["error"]["param"] == "prompt"
+    assert by_id["other-model"]["response"]["status_code"] == 404
+    assert by_id["wrong-url"]["response"] is None
+
+    # A second run finds every row done, failed ones included, and changes nothing.
+    before = (tmp_path / "out.jsonl").read_bytes()
+    again = run(batch_llm, inp, tmp_path / "out.jsonl")
+    assert (again.done, again.failed, again.skipped) == (0, 0, len(lines))
+    assert (tmp_path / "out.jsonl").read_bytes() == before
+
+
+def test_bad_plain_rows_give_error_records(batch_llm, tmp_path):
+    rows = [
+        GOOD,
+        {"max_tokens": 4},  # no prompt
+        {"prompt": "x", "messages": [{"role": "user", "content": "y"}]},
+        {"prompt": "x", "max_tokens": "abc"},
+        {"prompt": "x", "output_text": "mine"},  # a column run-batch writes
+        {"prompt": "x", "n": 2},
+        {"prompt": LONG_PROMPT, "max_tokens": 4},
+        {**GOOD, "custom_id": "last"},
+    ]
+    inp = write_jsonl(tmp_path / "in.jsonl", rows)
+    summary = run(batch_llm, inp, tmp_path / "out.jsonl", input_format="jsonl")
+    assert (summary.done, summary.failed) == (2, 6)
+    records = {r["row_index"]: r for r in read_jsonl(tmp_path / "out.jsonl")}
+    assert sorted(records) == list(range(len(rows)))
+    assert records[0]["error"] is None and records[0]["completion_tokens"] == 4
+    assert records[7]["custom_id"] == "last" and records[7]["error"] is None
+    for i in range(1, 7):
+        assert records[i]["error"] and records[i]["output_text"] is None, records[i]
+
+
+def test_defaults_fill_missing_fields(batch_llm, tmp_path):
+    inp = write_jsonl(
+        tmp_path / "in.jsonl", [{"prompt": "Hello"}, {"prompt": "Hi", "max_tokens": 2}]
+    )
+    defaults = {"max_tokens": 5, "temperature": 0, "ignore_eos": True}
+    run(batch_llm, inp, tmp_path / "out.jsonl", defaults=defaults)
+    records = sorted(read_jsonl(tmp_path / "out.jsonl"), key=lambda r: r["row_index"])
+    assert [r["completion_tokens"] for r in records] == [5, 2]
+
+
+def test_bad_paths_fail_before_the_model_loads(tmp_path):
+    from inferengine.entrypoints.batch import BatchConfig
+
+    with pytest.raises(ConfigError, match="does not exist"):
+        check_paths(BatchConfig(str(tmp_path / "none.jsonl"), str(tmp_path / "out.jsonl")))
+    inp = write_jsonl(tmp_path / "in.jsonl", [GOOD])
+    with pytest.raises(ConfigError, match="matching name"):
+        check_paths(BatchConfig(str(inp), str(tmp_path / "out.parquet")))
