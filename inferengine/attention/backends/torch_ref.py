@@ -48,6 +48,21 @@ def causal_mask(
     return mask
 
 
+_HAS_ENABLE_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+
+
+def sdpa_gqa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, group: int
+) -> torch.Tensor:
+    """SDPA where each K/V head serves `group` query heads (heads on dim -3)."""
+    if group > 1 and _HAS_ENABLE_GQA:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    if group > 1:
+        k = k.repeat_interleave(group, dim=-3)
+        v = v.repeat_interleave(group, dim=-3)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
@@ -76,10 +91,8 @@ class TorchAttentionBackend(AttentionBackend):
                 continue
             k, v = gather_kv(kv_cache, metadata.block_table[i], seq_len)
             q = query[q_start:q_end].transpose(0, 1)  # [Hq, q_len, D]
-            k = k.transpose(0, 1).repeat_interleave(group, dim=0)  # [Hq, seq_len, D]
-            v = v.transpose(0, 1).repeat_interleave(group, dim=0)
             mask = causal_mask(q_end - q_start, seq_len, spec.sliding_window, query.device)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=spec.scale)
+            o = sdpa_gqa(q, k.transpose(0, 1), v.transpose(0, 1), mask, spec.scale, group)
             out[q_start:q_end] = o.transpose(0, 1)
         return out
 
@@ -97,15 +110,13 @@ class TorchAttentionBackend(AttentionBackend):
         pages = kv_cache[:, table]  # [2, B, n, bs, Hkv, D]
         pages = pages.flatten(2, 3)[:, :, : metadata.max_seq_len]  # [2, B, L, Hkv, D]
         group = spec.num_heads // spec.num_kv_heads
-        k = pages[0].transpose(1, 2).repeat_interleave(group, dim=1)  # [B, Hq, L, D]
-        v = pages[1].transpose(1, 2).repeat_interleave(group, dim=1)
+        k = pages[0].transpose(1, 2)  # [B, Hkv, L, D]
+        v = pages[1].transpose(1, 2)
         k_pos = torch.arange(metadata.max_seq_len, device=query.device)
         seq_lens = metadata.seq_lens.unsqueeze(1)
         mask = k_pos < seq_lens
         if spec.sliding_window is not None:
             mask &= k_pos > seq_lens - 1 - spec.sliding_window
         q = query.unsqueeze(2)  # [B, Hq, 1, D]
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask[:, None, None, :], scale=spec.scale
-        )
+        out = sdpa_gqa(q, k, v, mask[:, None, None, :], spec.scale, group)
         return out.squeeze(2)
