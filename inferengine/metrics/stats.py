@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -32,11 +33,12 @@ class IterationStats:
     finished: list[FinishedRequestStats] = field(default_factory=list)
 
 
-class StatLogger:
+class StatLogger(ABC):
     """Receives every batch's stats; subclasses export them (Prometheus, logs)."""
 
+    @abstractmethod
     def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats) -> None:
-        raise NotImplementedError
+        """Called once per batch of engine-core outputs."""
 
 
 class ThroughputWindow:
