@@ -54,6 +54,8 @@ MODES = {
         max_num_batched_tokens=96,
         max_model_len=330,
     ),
+    # PyTorch FlexAttention over the pages instead of the torch reference, prefill in chunks.
+    "flex-attention": dict(attention_backend="flex", max_num_batched_tokens=64),
 }
 
 

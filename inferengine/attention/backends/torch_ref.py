@@ -117,6 +117,9 @@ class TorchAttentionBackend(AttentionBackend):
         mask = k_pos < seq_lens
         if spec.sliding_window is not None:
             mask &= k_pos > seq_lens - 1 - spec.sliding_window
-        q = query.unsqueeze(2)  # [B, Hq, 1, D]
-        out = sdpa_gqa(q, k, v, mask[:, None, None, :], spec.scale, group)
-        return out.squeeze(2)
+        q = query[: metadata.num_seqs].unsqueeze(2)  # [B, Hq, 1, D]; padding rows stay zero
+        out = torch.zeros_like(query)
+        out[: metadata.num_seqs] = sdpa_gqa(q, k, v, mask[:, None, None, :], spec.scale, group)[
+            :, :, 0
+        ]
+        return out
