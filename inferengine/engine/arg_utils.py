@@ -42,7 +42,9 @@ _HELP = {
     "seed": "seed for weights (dummy), and for requests without their own seed",
     "load_format": "weights: auto (safetensors or GGUF), or dummy (random, for benchmarks)",
     "device": "auto, cuda or cpu",
-    "attention_backend": "attention implementation",
+    "attention_backend": "attention implementation (auto: triton on CUDA, torch elsewhere)",
+    "attention_backend_benchmark": "with --attention-backend auto: time the usable backends on "
+    "the model's shape at start-up and keep the fastest (remembered per device and shape)",
     "enforce_eager": "no CUDA graphs",
     "long_prefill_token_threshold": "cap on one request's prefill chunk per step (0: none)",
     "scheduling_policy": "fcfs, or priority (lower `priority` value first)",

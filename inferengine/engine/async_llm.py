@@ -225,6 +225,7 @@ class AsyncLLM:
             "model": self.model_config.name,
             "device": self.config.device,
             "attention_backend": self.ready_info.get("attention_backend"),
+            "attention_backend_timings_ms": self.ready_info.get("attention_backend_timings_ms", {}),
             "uptime_s": round(time.time() - self.start_time, 3),
             "engine_running": self.is_running,
             "num_requests_running": s.num_running,

@@ -71,6 +71,7 @@ class EngineCoreProc:
         ready = {
             "num_blocks": config.cache_config.num_blocks,
             "attention_backend": self.core.executor.attention_backend_name,
+            "attention_backend_timings_ms": self.core.executor.attention_backend_timings_ms,
             "pid": os.getpid(),
         }
         threading.Thread(target=self._recv_loop, args=(input_addr,), daemon=True).start()

@@ -28,5 +28,10 @@ class UniprocExecutor:
     def attention_backend_name(self) -> str:
         return self.worker.attn_backend.name
 
+    @property
+    def attention_backend_timings_ms(self) -> dict[str, float]:
+        """The start-up benchmark's timings (`--attention-backend-benchmark`), else empty."""
+        return self.worker.attn_timings_ms
+
     def shutdown(self) -> None:
         pass

@@ -6,7 +6,8 @@ import time
 
 import torch
 
-from inferengine.attention.selector import get_attention_backend
+from inferengine.attention.autotune import AttentionShape
+from inferengine.attention.selector import select_attention_backend
 from inferengine.config import EngineConfig
 from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from inferengine.logger import init_logger
@@ -29,10 +30,27 @@ class Worker:
             self.device = torch.device("cpu")
         torch.manual_seed(config.model_config.seed)
         self.dtype = TORCH_DTYPES[config.model_config.dtype]
-        self.attn_backend = get_attention_backend(config.attention_backend, self.device.type)
+        self.attn_backend, self.attn_timings_ms = select_attention_backend(
+            config.attention_backend,
+            config.attention_backend_benchmark,
+            self.device,
+            self.attention_shape(),
+        )
         logger.info("attention backend: %s", self.attn_backend.name)
         model = load_model(config.model_config, self.device, self.attn_backend)
         self.runner = ModelRunner(config, model, self.device)
+
+    def attention_shape(self) -> AttentionShape:
+        m, tp = self.config.model_config, self.config.parallel_config.tensor_parallel_size
+        use_window = m.hf_config.get("use_sliding_window", True)
+        return AttentionShape(
+            num_heads=m.num_attention_heads // tp,
+            num_kv_heads=max(1, m.num_kv_heads // tp),
+            head_dim=m.head_dim,
+            block_size=self.config.cache_config.block_size,
+            dtype=self.dtype,
+            sliding_window=m.hf_config.get("sliding_window") if use_window else None,
+        )
 
     def determine_num_blocks(self) -> int:
         if self.device.type == "cuda":

@@ -59,6 +59,7 @@ def test_stats(tiny_server):
         "generation_tokens_per_s",
         "uptime_s",
         "attention_backend",
+        "attention_backend_timings_ms",
         "engine_pid",
     ):
         assert key in stats, key
