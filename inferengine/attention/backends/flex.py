@@ -152,6 +152,13 @@ class FlexAttentionBackend(AttentionBackend):
         kv = kv_cache[:, :num_pages].reshape(2, kv_len, num_kv_heads, head_dim)
         k = kv[0].transpose(0, 1).unsqueeze(0)  # [1, Hkv, pages·bs, D]
         v = kv[1].transpose(0, 1).unsqueeze(0)
+        # Compiled tiles must divide the mask's tiles: one page of keys per BLOCK_N. The generic
+        # kernel, not flex's decoding kernel, since a step mixes decodes and prefill chunks.
+        options = (
+            {"FORCE_USE_FLEX_ATTENTION": True, "BLOCK_M": 64, "BLOCK_N": block_size}
+            if compiled
+            else None
+        )
         out = _flex_fn(compiled)(
             q,
             k,
@@ -159,5 +166,6 @@ class FlexAttentionBackend(AttentionBackend):
             block_mask=block_mask,
             scale=spec.scale,
             enable_gqa=spec.num_heads != num_kv_heads,
+            kernel_options=options,
         )
         return out[0].transpose(0, 1).contiguous()
