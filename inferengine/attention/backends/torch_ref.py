@@ -19,10 +19,11 @@ def store_kv_torch(
     """Write K/V rows into their flat slots, skipping padded tokens (slot −1)."""
     _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
     flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
+    n = slot_mapping.shape[0]
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
-    flat[0, slots] = key[: slot_mapping.shape[0]][valid]
-    flat[1, slots] = value[: slot_mapping.shape[0]][valid]
+    flat[0].index_copy_(0, slots, key[:n][valid])
+    flat[1].index_copy_(0, slots, value[:n][valid])
 
 
 def gather_kv(
@@ -31,7 +32,7 @@ def gather_kv(
     """One sequence's K and V, [seq_len, Hkv, D] each, read through its block table."""
     block_size = kv_cache.shape[2]
     num_blocks = -(-seq_len // block_size)
-    pages = kv_cache[:, block_ids[:num_blocks].long()]  # [2, n, bs, H, D]
+    pages = kv_cache.index_select(1, block_ids[:num_blocks].long())  # [2, n, bs, H, D]
     pages = pages.flatten(1, 2)[:, :seq_len]
     return pages[0], pages[1]
 
@@ -107,8 +108,10 @@ class TorchAttentionBackend(AttentionBackend):
         block_size = kv_cache.shape[2]
         num_blocks = -(-metadata.max_seq_len // block_size)
         table = metadata.block_table[:, :num_blocks].long()
-        pages = kv_cache[:, table]  # [2, B, n, bs, Hkv, D]
-        pages = pages.flatten(2, 3)[:, :, : metadata.max_seq_len]  # [2, B, L, Hkv, D]
+        b = table.shape[0]
+        pages = kv_cache.flatten(2).index_select(1, table.flatten())  # [2, B·n, bs·Hkv·D]
+        pages = pages.view(2, b, num_blocks * block_size, *kv_cache.shape[3:])
+        pages = pages[:, :, : metadata.max_seq_len]  # [2, B, L, Hkv, D]
         group = spec.num_heads // spec.num_kv_heads
         k = pages[0].transpose(1, 2)  # [B, Hkv, L, D]
         v = pages[1].transpose(1, 2)
