@@ -2,14 +2,16 @@
 start-up and keep the fastest, remembered on disk per device, torch version and shape.
 
 Each candidate runs the same two synthetic steps on a scratch page pool: a decode batch and a
-prefill chunk (the two kinds of work a serving step mixes). A candidate that fails is logged and
-left out; the torch reference always runs, so there is always a choice.
+prefill chunk (the two kinds of work a serving step mixes), eagerly. A candidate that fails, or
+whose output differs from the torch reference's, is logged and left out; the torch reference
+always runs, so there is always a choice.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -113,35 +115,69 @@ def _step(
     )
 
 
-def time_backend(
-    backend: AttentionBackend, shape: AttentionShape, workload: Workload, device: torch.device
-) -> float:
-    """Milliseconds for the workload's decode step plus its prefill chunk (best of repeats)."""
-    spec = AttentionSpec(
+TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+def _spec(shape: AttentionShape) -> AttentionSpec:
+    return AttentionSpec(
         shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.head_dim**-0.5,
         shape.sliding_window,
     )  # fmt: skip
+
+
+def _run(backend: AttentionBackend, shape: AttentionShape, steps: list) -> list[torch.Tensor]:
+    spec = _spec(shape)
+    return [backend.forward(spec, q, k, v, cache, md) for q, k, v, cache, md in steps]
+
+
+def _check(name: str, outputs: list[torch.Tensor], reference: list[torch.Tensor]) -> None:
+    """Raise if a candidate's output is not the reference's within its dtype's tolerance."""
+    for out, ref in zip(outputs, reference, strict=True):
+        tol = TOLERANCE.get(ref.dtype, 1e-3)
+        if not torch.allclose(out.float(), ref.float(), atol=tol, rtol=tol):
+            error = (out.float() - ref.float()).abs().max().item()
+            raise ValueError(f"{name} differs from the torch reference (max error {error:.3g})")
+
+
+def time_backend(
+    backend: AttentionBackend,
+    shape: AttentionShape,
+    workload: Workload,
+    device: torch.device,
+    reference: list[torch.Tensor] | None = None,
+) -> float:
+    """Milliseconds for the workload's decode step plus its prefill chunk (best of repeats),
+    after checking the outputs against `reference` (the torch backend's, when given)."""
     b, ctx, chunk = workload.decode_batch, workload.decode_context, workload.prefill_tokens
     steps = [_step(shape, [1] * b, [ctx] * b, device), _step(shape, [chunk], [chunk], device)]
-
-    def run() -> None:
-        for q, k, v, cache, metadata in steps:
-            backend.forward(spec, q, k, v, cache, metadata)
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
     with torch.inference_mode():
-        run()  # warm-up: compilation, autotuning
+        outputs = _run(backend, shape, steps)  # also the warm-up: compilation, autotuning
+        if reference is not None:
+            _check(backend.name, outputs, reference)
         sync()
         best = float("inf")
         for _ in range(workload.repeats):
             start = time.perf_counter()
-            run()
+            _run(backend, shape, steps)
             sync()
             best = min(best, time.perf_counter() - start)
     return best * 1e3
+
+
+def reference_outputs(
+    shape: AttentionShape, workload: Workload, device: torch.device
+) -> list[torch.Tensor]:
+    from inferengine.attention.backends.torch_ref import TorchAttentionBackend
+
+    b, ctx, chunk = workload.decode_batch, workload.decode_context, workload.prefill_tokens
+    steps = [_step(shape, [1] * b, [ctx] * b, device), _step(shape, [chunk], [chunk], device)]
+    with torch.inference_mode():
+        return _run(TorchAttentionBackend(), shape, steps)
 
 
 def choose_backend(
@@ -151,22 +187,23 @@ def choose_backend(
     cache_dir: Path,
     workload: Workload | None = None,
 ) -> Choice:
-    """The fastest candidate for this device and shape, from the disk cache when it has one."""
+    """The fastest candidate that computes what the torch reference computes, for this device
+    and shape; from the disk cache when the same candidates were timed there before."""
     path = cache_dir / CACHE_FILE
-    key = shape.key(device)
-    known = _read(path)
-    entry = known.get(key)
-    if entry and entry.get("backend") in candidates:
+    key = f"{shape.key(device)}|{versions()}|candidates {','.join(sorted(candidates))}"
+    entry = _read(path).get(key)
+    if isinstance(entry, dict) and entry.get("backend") in candidates:
         logger.info("attention backend %s (benchmarked before: %s)", entry["backend"], path)
-        return Choice(entry["backend"], entry.get("timings_ms", {}), cached=True)
+        return Choice(entry["backend"], dict(entry.get("timings_ms") or {}), cached=True)
     workload = workload or Workload.for_device(device)
+    reference = reference_outputs(shape, workload, device)
     timings: dict[str, float] = {}
     for name, make in candidates.items():
         try:
-            timings[name] = round(time_backend(make(), shape, workload, device), 4)
+            timings[name] = round(time_backend(make(), shape, workload, device, reference), 4)
         except Exception as e:  # a backend that cannot run this shape is simply not chosen
             logger.warning(
-                "attention backend %s failed its benchmark: %s: %s", name, type(e).__name__, e
+                "attention backend %s left out of the benchmark: %s: %s", name, type(e).__name__, e
             )
     if not timings:
         raise RuntimeError("no attention backend ran the benchmark; see the warnings above")
@@ -177,9 +214,21 @@ def choose_backend(
         ", ".join(f"{n} {t:.3f} ms" for n, t in timings.items()),
         best,
     )
-    known[key] = {"backend": best, "timings_ms": timings, "workload": asdict(workload)}
-    _write(path, known)
+    _update(path, key, {"backend": best, "timings_ms": timings, "workload": asdict(workload)})
     return Choice(best, timings)
+
+
+def versions() -> str:
+    """What the timings depend on besides the device and shape."""
+    from inferengine import __version__
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    return f"inferengine {__version__}|triton {triton_version}"
 
 
 def _read(path: Path) -> dict:
@@ -190,12 +239,16 @@ def _read(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _write(path: Path, data: dict) -> None:
-    """Write atomically, so two engines starting together never leave half a file."""
+def _update(path: Path, key: str, entry: dict) -> None:
+    """Add one entry, re-reading the file just before an atomic replace so that engines starting
+    together lose at most a timing, never the file."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(path)
+        data = _read(path)
+        data[key] = entry
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
     except OSError as e:
         logger.warning("could not cache the attention benchmark in %s: %s", path, e)

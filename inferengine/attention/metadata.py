@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -26,6 +27,8 @@ class AttentionMetadata:
     # Host copies for backends that loop in Python (the torch reference); None in CUDA graphs.
     query_start_loc_cpu: list[int] | None = None
     seq_lens_cpu: list[int] | None = None
+    # What a backend derives once per step and reuses in every layer (e.g. flex's block mask).
+    per_step: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_seqs(self) -> int:

@@ -9,6 +9,7 @@ from inferengine import LLM, SamplingParams
 from inferengine.attention import autotune
 from inferengine.attention.autotune import AttentionShape, Workload, choose_backend
 from inferengine.attention.backends.base import AttentionBackend
+from inferengine.attention.backends.flex import flex_available
 from inferengine.attention.backends.torch_ref import TorchAttentionBackend
 
 SHAPE = AttentionShape(num_heads=4, num_kv_heads=2, head_dim=16, block_size=4, dtype=torch.float32)
@@ -26,6 +27,15 @@ class SlowTorch(TorchAttentionBackend):
         return out
 
 
+class Wrong(TorchAttentionBackend):
+    """Fast and wrong: must never win."""
+
+    name = "wrong"
+
+    def forward(self, spec, query, key, value, kv_cache, metadata):
+        return torch.zeros_like(query)
+
+
 class Broken(AttentionBackend):
     name = "broken"
 
@@ -34,13 +44,20 @@ class Broken(AttentionBackend):
 
 
 def test_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
-    candidates = {"slow": SlowTorch, "torch": TorchAttentionBackend, "broken": Broken}
+    candidates = {
+        "slow": SlowTorch,
+        "torch": TorchAttentionBackend,
+        "broken": Broken,
+        "wrong": Wrong,
+    }
     choice = choose_backend(SHAPE, CPU, candidates, tmp_path, TINY)
     assert choice.backend == "torch" and not choice.cached
-    assert set(choice.timings_ms) == {"slow", "torch"}  # the failing candidate is left out
+    assert set(choice.timings_ms) == {"slow", "torch"}  # failing and wrong ones are left out
     assert choice.timings_ms["slow"] > choice.timings_ms["torch"] > 0
     saved = json.loads((tmp_path / autotune.CACHE_FILE).read_text())
-    assert saved[SHAPE.key(CPU)]["backend"] == "torch"
+    [(key, entry)] = saved.items()
+    assert key.startswith(SHAPE.key(CPU)) and "candidates broken,slow,torch,wrong" in key
+    assert entry["backend"] == "torch"
 
     def no_timing(*args):
         raise AssertionError("a cached choice must not be timed again")
@@ -80,6 +97,8 @@ def test_engine_benchmarks_at_start_up(tiny_checkpoint, tmp_path, monkeypatch):
     assert executor.attention_backend_name in executor.attention_backend_timings_ms
     assert set(executor.attention_backend_timings_ms) <= {"torch", "flex"}
     assert "torch" in executor.attention_backend_timings_ms
+    if flex_available():
+        assert "flex" in executor.attention_backend_timings_ms
     saved = json.loads((tmp_path / autotune.CACHE_FILE).read_text())
     assert [entry["backend"] for entry in saved.values()] == [executor.attention_backend_name]
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)

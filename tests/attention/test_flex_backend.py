@@ -1,5 +1,6 @@
 """The FlexAttention backend against the torch reference on the same paged batches."""
 
+import itertools
 import zlib
 
 import pytest
@@ -7,7 +8,9 @@ import torch
 
 from inferengine.attention.backends.base import AttentionSpec
 from inferengine.attention.backends.flex import (
+    Q_TILE,
     FlexAttentionBackend,
+    build_block_mask,
     flex_available,
     page_logical_index,
     tile_pages,
@@ -38,6 +41,9 @@ def paged_step(
         table[i, :shared_pages] = order[:shared_pages]
         table[i, shared_pages:n] = order[taken : taken + n - shared_pages]
         taken += n - shared_pages
+    # Entries past a sequence's pages are stale: let them name pages other sequences own.
+    for i, n in enumerate(blocks):
+        table[i, n:] = order[torch.randint(0, taken, (table.shape[1] - n,), generator=gen)]
     kv_cache = torch.randn(2, num_pages, block_size, kv_heads, head_dim, generator=gen) * 30
     tokens = sum(q_lens) + padding
     slots = []
@@ -103,9 +109,62 @@ def test_flex_matches_torch_reference(gen, case, heads, kv_heads, sliding_window
 def test_page_logical_index_and_tiles_exact():
     # Two sequences share page 7 at index 0; sequence 1 has a stale entry (9) past its length.
     table = torch.tensor([[7, 2, 5], [7, 3, 9]], dtype=torch.int32)
-    seq_lens = torch.tensor([9, 6])
-    logical = page_logical_index(table, seq_lens, num_pages=10, block_size=4)
+    logical = page_logical_index(table, torch.tensor([9, 6]), num_pages=10, block_size=4)
     assert logical.tolist() == [-1, -1, 1, 1, -1, 2, -1, 0, -1, -1]
-    counts, indices = tile_pages(table, seq_lens, [0, 1, 2], 2, num_pages=10, block_size=4)
+    counts, indices = tile_pages(table, [0, 1, 2], [9, 6], num_pages=10, block_size=4)
     assert counts.tolist() == [[[4]]]
     assert indices[0, 0, 0, :4].tolist() == [2, 3, 5, 7]
+    # A window of 3 at positions 8 and 5 sees keys 6..8 (pages 1, 2) and 3..5 (pages 0, 1).
+    counts, indices = tile_pages(table, [0, 1, 2], [9, 6], 10, 4, sliding_window=3)
+    assert counts.tolist() == [[[4]]]
+    assert indices[0, 0, 0, :4].tolist() == [2, 3, 5, 7]
+    counts, indices = tile_pages(table, [0, 1, 2], [9, 6], 10, 4, sliding_window=2)
+    assert indices[0, 0, 0, : int(counts)].tolist() == [2, 3, 5]  # 7 holds keys 0..3 only
+
+
+def test_long_prefill_tiles_list_only_the_pages_up_to_their_last_query():
+    table = torch.arange(1, 11, dtype=torch.int32)[None]  # one sequence, 10 pages of 32
+    counts, indices = tile_pages(table, [0, 300], [300], num_pages=11, block_size=32)
+    # Tiles cover positions 0..127, 128..255, 256..299: pages up to 3, 7 and 9.
+    assert counts.flatten().tolist() == [4, 8, 10]
+    assert indices[0, 0, 0, :4].tolist() == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("sliding_window", [None, 6])
+def test_block_mask_lists_every_page_the_mask_admits(gen, case, sliding_window):
+    """Compiled flex reads only the listed pages (eager flex ignores the list), so check the
+    list itself: every (query, key) the mask admits has the key's page in the query's tile."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    q_lens, seq_lens = CASES[case]
+    *_, kv_cache, md = paged_step(
+        gen,
+        q_lens,
+        seq_lens,
+        heads=2,
+        kv_heads=1,
+        head_dim=4,
+        block_size=4,
+        shared_pages=1,
+        padding=2,
+    )
+    num_pages, tokens = kv_cache.shape[1], md.slot_mapping.shape[0]
+    mask = build_block_mask(md, tokens, num_pages, 4, sliding_window)
+    admitted = create_mask(mask.mask_mod, 1, 1, tokens, num_pages * 4, device="cpu")[0, 0]
+    counts = mask.kv_num_blocks[0, 0].tolist()
+    listed = torch.zeros(len(counts), num_pages, dtype=torch.bool)
+    for tile, count in enumerate(counts):
+        listed[tile, mask.kv_indices[0, 0, tile, :count].long()] = True
+    q, k = admitted.nonzero(as_tuple=True)
+    assert len(q) > 0
+    assert listed[q // Q_TILE, k // 4].all()
+    # Each admitted key is one the sequence really holds: its count per query equals the
+    # number of visible context positions.
+    per_query = admitted.sum(dim=1)
+    for i, (start, end) in enumerate(itertools.pairwise(md.query_start_loc_cpu)):
+        for t in range(start, end):
+            pos = seq_lens[i] - end + t
+            expected = pos + 1 if sliding_window is None else min(pos + 1, sliding_window)
+            assert per_query[t] == expected
+    assert per_query[md.num_actual_tokens :].sum() == 0  # padding sees nothing
