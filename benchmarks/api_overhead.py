@@ -16,7 +16,6 @@ import gc
 import json
 import os
 import platform
-import shlex
 import signal
 import socket
 import statistics
@@ -24,8 +23,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from result_folder import write_result_folder
 
 REPO = Path(__file__).resolve().parent.parent
 BASE_PROMPT = "The quick brown fox jumps over the lazy dog. Hello world, how are you today?"
@@ -191,12 +192,9 @@ def summarize(runs: list[dict]) -> dict:
     return {"output_tokens_per_s": statistics.median(rates), "runs": runs}
 
 
-def environment() -> str:
+def cpu_environment() -> str:
+    """What the shared environment.txt leaves out and a CPU run depends on."""
     import torch
-
-    def git(*cmd: str) -> str:
-        out = subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True)
-        return out.stdout.strip()
 
     cpu = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
@@ -207,22 +205,11 @@ def environment() -> str:
             if ln.startswith("model name")
         ]
         cpu = names[0] if names else cpu
-    dirty = "dirty" if git("status", "--porcelain", "--untracked-files=no") else "clean"
     return (
-        "\n".join(
-            [
-                f"date_utc: {datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}",
-                f"cpu: {cpu} ({os.cpu_count()} logical cores)",
-                f"load_average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
-                f"torch: {torch.__version__} (CUDA available: {torch.cuda.is_available()}, "
-                f"{torch.get_num_threads()} threads, OMP_NUM_THREADS="
-                f"{os.environ.get('OMP_NUM_THREADS', 'unset')})",
-                f"python: {sys.version.split()[0]}",
-                f"platform: {platform.platform()}",
-                f"git: {git('rev-parse', 'HEAD')} ({dirty})",
-            ]
-        )
-        + "\n"
+        f"cpu: {cpu} ({os.cpu_count()} logical cores)\n"
+        f"load_average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n"
+        f"torch_threads: {torch.get_num_threads()}, "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}\n"
     )
 
 
@@ -239,14 +226,11 @@ def main() -> None:
     print(f"offline LLM.generate : {offline['output_tokens_per_s']:9.1f} output tokens/s")
     print(f"server (streaming)   : {server['output_tokens_per_s']:9.1f} output tokens/s")
     print(f"server / offline     : {ratio:9.3f}")
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = args.results_dir / f"{stamp}-api-overhead"
-    out.mkdir(parents=True, exist_ok=True)
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     results = {"settings": settings, "offline": offline, "server": server, "ratio": ratio}
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "command.txt").write_text(shlex.join([sys.executable, *sys.argv]) + "\n")
-    (out / "environment.txt").write_text(environment())
+    out = write_result_folder("api-overhead", results, root=args.results_dir)
+    with open(out / "environment.txt", "a") as f:
+        f.write(cpu_environment())
     print(f"results: {out}")
 
 

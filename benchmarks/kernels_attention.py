@@ -21,7 +21,6 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import astuple, dataclass
-from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
@@ -99,7 +98,7 @@ def dense_kv(batch: Batch, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def ours(batch: Batch, max_query_len: int, max_seq_len: int, **kw) -> Callable[[], object]:
     out = torch.empty_like(batch.q)
-    return lambda: pa.run_paged_attention(
+    return lambda: pa.paged_attention(
         *batch.args(), max_query_len=max_query_len, max_seq_len=max_seq_len, scale=SCALE,
         out=out, **kw,
     )  # fmt: skip
@@ -453,9 +452,7 @@ def main() -> int:
             print(results["error"], file=sys.stderr)
             failed = True
     results["wall_s"] = time.time() - started
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out_dir = str(Path(args.out_dir) / f"{stamp}-kernels-attention") if args.out_dir else None
-    folder = write_result_folder("kernels-attention", results, out_dir)
+    folder = write_result_folder("kernels-attention", results, root=args.out_dir)
     with open(folder / "environment.txt", "a") as f:
         f.write("\n".join(environment_lines()) + "\n")
     if "reference" in results:

@@ -12,13 +12,19 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def write_result_folder(name: str, results: dict[str, Any], out_dir: str | None = None) -> Path:
-    """`benchmarks/results/<UTC stamp>-<name>/` (or `out_dir`) with results.json, command.txt
-    and environment.txt."""
+def write_result_folder(
+    name: str,
+    results: dict[str, Any],
+    out_dir: str | Path | None = None,
+    *,
+    root: str | Path | None = None,
+) -> Path:
+    """`<root>/<UTC stamp>-<name>/` (root: `benchmarks/results`), or exactly `out_dir`, with
+    results.json, command.txt and environment.txt."""
     from inferengine.bench.environment import environment_text
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    folder = Path(out_dir) if out_dir else RESULTS / f"{stamp}-{name}"
+    folder = Path(out_dir) if out_dir else Path(root or RESULTS) / f"{stamp}-{name}"
     folder.mkdir(parents=True, exist_ok=True)
     command = shlex.join([sys.executable, *sys.argv])
     (folder / "results.json").write_text(json.dumps(results, indent=1) + "\n")

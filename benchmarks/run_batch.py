@@ -22,19 +22,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from offline_cpu import QUESTIONS
 from result_folder import write_result_folder
 
 TARGET_RATIO = 0.97
-QUESTIONS = [
-    "What is the capital of France?",
-    "Explain photosynthesis in simple words.",
-    "Write a haiku about the sea.",
-    "Give three tips for learning a new language.",
-    "What is the difference between a list and a tuple in Python?",
-    "Why is the sky blue?",
-    "Summarize the plot of Romeo and Juliet.",
-    "How do vaccines work?",
-]
 
 
 def build_prompts(n: int) -> list[str]:

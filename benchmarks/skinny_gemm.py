@@ -24,7 +24,6 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, astuple, dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -37,18 +36,7 @@ from inferengine.kernels import skinny_gemm as sg
 
 DEVICE = "cuda"
 DTYPE = torch.bfloat16
-SHAPES = {  # name: (N, K, bias)
-    "qwen-qkv": (4608, 3584, True),
-    "qwen-o": (3584, 3584, False),
-    "qwen-gate-up": (37888, 3584, False),
-    "qwen-down": (3584, 18944, False),
-    "qwen-lm-head": (152064, 3584, False),
-    "llama-qkv": (6144, 4096, False),
-    "llama-o": (4096, 4096, False),
-    "llama-gate-up": (28672, 4096, False),
-    "llama-down": (4096, 14336, False),
-    "llama-lm-head": (128256, 4096, False),
-}
+SHAPES = sg.DECODE_LINEAR_SHAPES
 M_VALUES = (1, 2, 4, 8, 16, 24, 32)
 SWEEP_M = (1, 4, 16, 32)  # buckets 2, 8 and 24 take the next larger bucket's entry
 COLD_BYTES = 200 << 20  # weight copies cycled per graph: 4x the H100's 50 MB L2
@@ -378,9 +366,7 @@ def main() -> int:
         print(results["error"], file=sys.stderr)
         failed = True
     results["wall_s"] = time.time() - started
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out_dir = str(Path(args.out_dir) / f"{stamp}-skinny-gemm") if args.out_dir else None
-    folder = write_result_folder("skinny-gemm", results, out_dir)
+    folder = write_result_folder("skinny-gemm", results, root=args.out_dir)
     print(f"wrote {folder} ({results['wall_s']:.0f} s)")
     return 1 if failed else 0
 

@@ -118,6 +118,12 @@ def _step(
 TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 
+def _workload_steps(shape: AttentionShape, workload: Workload, device: torch.device) -> list:
+    """The decode batch and the prefill chunk of `workload`, as backend inputs."""
+    b, ctx, chunk = workload.decode_batch, workload.decode_context, workload.prefill_tokens
+    return [_step(shape, [1] * b, [ctx] * b, device), _step(shape, [chunk], [chunk], device)]
+
+
 def _spec(shape: AttentionShape) -> AttentionSpec:
     return AttentionSpec(
         shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.head_dim**-0.5,
@@ -148,8 +154,7 @@ def time_backend(
 ) -> float:
     """Milliseconds for the workload's decode step plus its prefill chunk (best of repeats),
     after checking the outputs against `reference` (the torch backend's, when given)."""
-    b, ctx, chunk = workload.decode_batch, workload.decode_context, workload.prefill_tokens
-    steps = [_step(shape, [1] * b, [ctx] * b, device), _step(shape, [chunk], [chunk], device)]
+    steps = _workload_steps(shape, workload, device)
 
     def sync() -> None:
         if device.type == "cuda":
@@ -174,8 +179,7 @@ def reference_outputs(
 ) -> list[torch.Tensor]:
     from inferengine.attention.backends.torch_ref import TorchAttentionBackend
 
-    b, ctx, chunk = workload.decode_batch, workload.decode_context, workload.prefill_tokens
-    steps = [_step(shape, [1] * b, [ctx] * b, device), _step(shape, [chunk], [chunk], device)]
+    steps = _workload_steps(shape, workload, device)
     with torch.inference_mode():
         return _run(TorchAttentionBackend(), shape, steps)
 

@@ -86,10 +86,9 @@ def select_attention_backend(
         )
         return get_attention_backend(name, device.type), {}
     choice = choose_backend(shape, device, usable_backends(device.type), envs.cache_dir())
-    if device.type == "cuda" and choice.backend != "triton":
+    backend = get_attention_backend(choice.backend, device.type)
+    if device.type == "cuda" and not backend.cuda_graph_safe:
         logger.warning(
-            "attention benchmark chose %s: decode steps run without CUDA graphs (only the "
-            "triton backend is captured)",
-            choice.backend,
+            "attention benchmark chose %s: decode steps run without CUDA graphs", backend.name
         )
-    return get_attention_backend(choice.backend, device.type), choice.timings_ms
+    return backend, choice.timings_ms

@@ -67,41 +67,14 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Causal attention of `q` [T, Hq, D] (B sequences laid end to end) over the paged cache
-    `kv_cache` [2, num_blocks, block_size, Hkv, D]. The queries of sequence i are its last
-    q_len_i positions of seq_lens[i]. max_query_len and max_seq_len may be upper bounds."""
-    return run_paged_attention(
-        q,
-        kv_cache,
-        query_start_loc,
-        seq_lens,
-        block_table,
-        max_query_len=max_query_len,
-        max_seq_len=max_seq_len,
-        scale=scale,
-        sliding_window=sliding_window,
-        out=out,
-    )
-
-
-def run_paged_attention(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    *,
-    max_query_len: int,
-    max_seq_len: int,
-    scale: float,
-    sliding_window: int | None = None,
-    out: torch.Tensor | None = None,
     num_splits: int | None = None,
     decode_config: TileConfig | None = None,
     prefill_config: TileConfig | None = None,
 ) -> torch.Tensor:
-    """`paged_attention` with its launch choices open, for tests and benchmark sweeps."""
+    """Causal attention of `q` [T, Hq, D] (B sequences laid end to end) over the paged cache
+    `kv_cache` [2, num_blocks, block_size, Hkv, D]. The queries of sequence i are its last
+    q_len_i positions of seq_lens[i]. max_query_len and max_seq_len may be upper bounds.
+    `num_splits` and the tile configs override the launch choices (tests, benchmark sweeps)."""
     from inferengine.kernels.attention_kernels import merge_splits_kernel, paged_attention_kernel
 
     num_tokens, num_q_heads, head_dim = q.shape

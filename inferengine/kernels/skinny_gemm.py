@@ -31,6 +31,21 @@ class SkinnyConfig:
     reduce: str = "serial"  # how K-split partials combine: "serial", "kernel" or "atomic"
 
 
+# The decode linears the configs are tuned for: name -> (N, K, has bias), Qwen2.5-7B and
+# Llama-3-8B.
+DECODE_LINEAR_SHAPES: dict[str, tuple[int, int, bool]] = {
+    "qwen-qkv": (4608, 3584, True),
+    "qwen-o": (3584, 3584, False),
+    "qwen-gate-up": (37888, 3584, False),
+    "qwen-down": (3584, 18944, False),
+    "qwen-lm-head": (152064, 3584, False),
+    "llama-qkv": (6144, 4096, False),
+    "llama-o": (4096, 4096, False),
+    "llama-gate-up": (28672, 4096, False),
+    "llama-down": (4096, 14336, False),
+    "llama-lm-head": (128256, 4096, False),
+}
+
 # Fixed configs keyed by (N, K, M bucket); `benchmarks/skinny_gemm.py --sweep` prints entries.
 # No autotuning at run time: launches must be the same in and out of CUDA graphs.
 # From the H100 sweep in benchmarks/results/20261122T083950Z-skinny-gemm.

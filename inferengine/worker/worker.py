@@ -68,9 +68,9 @@ class Worker:
         self.runner.kv_caches = kv_memory.allocate_kv_caches(
             self.config, num_blocks, self.dtype, self.device
         )
-        # The torch reference backend reads lengths on the host, so it cannot be captured;
-        # with --enforce-eager, decode steps keep the padded shapes but run eagerly.
-        if self.device.type == "cuda" and self.attn_backend.name == "triton":
+        # Backends that read lengths on the host (torch, flex) cannot be captured; with
+        # --enforce-eager, decode steps keep the padded shapes but run eagerly.
+        if self.device.type == "cuda" and self.attn_backend.cuda_graph_safe:
             sc = self.config.scheduler_config
             sizes = self.config.cuda_graph_sizes or default_capture_sizes(
                 sc.max_num_seqs, sc.max_num_batched_tokens

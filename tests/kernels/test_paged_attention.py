@@ -17,7 +17,7 @@ def check(batch, assert_close, *, max_query_len=None, max_seq_len=None, **kwargs
         "max_seq_len": max_seq_len or batch.max_seq_len,
     }
     out = torch.full_like(batch.q, float("nan"))
-    pa.run_paged_attention(
+    pa.paged_attention(
         *batch.args(), **bounds, scale=head_dim**-0.5, sliding_window=window, out=out, **kwargs
     )
     expected = pa.paged_attention_ref(*batch.args(), scale=head_dim**-0.5, sliding_window=window)

@@ -141,19 +141,7 @@ def test_supports_needs_cuda(device):
         assert not sg.supports(x.float().cuda(), w.float().cuda())
 
 
-# Real shapes: (N, K, bias) of Qwen2.5-7B and Llama-3-8B decode linears.
-REAL = {
-    "qwen-qkv": (4608, 3584, True),
-    "qwen-o": (3584, 3584, False),
-    "qwen-gate-up": (37888, 3584, False),
-    "qwen-down": (3584, 18944, False),
-    "qwen-lm-head": (152064, 3584, False),
-    "llama-qkv": (6144, 4096, False),
-    "llama-o": (4096, 4096, False),
-    "llama-gate-up": (28672, 4096, False),
-    "llama-down": (4096, 14336, False),
-    "llama-lm-head": (128256, 4096, False),
-}
+REAL = sg.DECODE_LINEAR_SHAPES
 _real_weights: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
 

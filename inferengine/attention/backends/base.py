@@ -21,6 +21,8 @@ class AttentionSpec:
 
 class AttentionBackend(ABC):
     name: str
+    # True when a forward reads no device value on the host, so a step can be a CUDA graph.
+    cuda_graph_safe: bool = False
 
     @abstractmethod
     def forward(

@@ -16,6 +16,7 @@ from inferengine.kernels.paged_attention import paged_attention
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
+    cuda_graph_safe = True
 
     def forward(
         self,

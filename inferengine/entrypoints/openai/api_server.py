@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -44,6 +45,15 @@ from inferengine.metrics.prometheus import PrometheusStatLogger
 logger = init_logger(__name__)
 
 
+@dataclass(frozen=True)
+class Handlers:
+    """The endpoint handlers, built once the engine is up."""
+
+    completions: ServingCompletion
+    chat: ServingChat
+    tokens: ServingTokens
+
+
 class ServerState:
     """The app's state: the engine once started, its handlers, and the server's status."""
 
@@ -64,9 +74,7 @@ class ServerState:
         self.started_at = time.time()
         self.on_ready: Callable[[ServerState], None] | None = None
         self.on_fatal: Callable[[str], None] | None = None
-        self.completions: ServingCompletion | None = None
-        self.chat: ServingChat | None = None
-        self.tokens: ServingTokens | None = None
+        self.handlers: Handlers | None = None
 
     async def start_engine(self) -> None:
         try:
@@ -82,9 +90,11 @@ class ServerState:
                 self.on_fatal(self.error)
             return
         log_requests = not self.config.disable_log_requests
-        self.completions = ServingCompletion(engine, log_requests)
-        self.chat = ServingChat(engine, log_requests)
-        self.tokens = ServingTokens(engine, log_requests)
+        self.handlers = Handlers(
+            ServingCompletion(engine, log_requests),
+            ServingChat(engine, log_requests),
+            ServingTokens(engine, log_requests),
+        )
         self.status = "ready"
         if self.on_ready is not None:
             self.on_ready(self)
@@ -99,6 +109,12 @@ class ServerState:
         if not self.engine.is_running:
             raise EngineDeadError(f"The engine is not running ({self.engine.dead_reason}).")
         return self.engine
+
+    def serving(self) -> Handlers:
+        """The endpoint handlers, or the 503 error that says why requests cannot be served."""
+        self.check_serving()
+        assert self.handlers is not None
+        return self.handlers
 
     def unavailable_reason(self) -> str | None:
         if self.draining:
@@ -201,42 +217,27 @@ async def models(request: Request) -> Response:
 
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    state = _state(request)
-    state.check_serving()
-    assert state.completions is not None
-    return _reply(await state.completions.create(body, request))
+    return _reply(await _state(request).serving().completions.create(body, request))
 
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    state = _state(request)
-    state.check_serving()
-    assert state.chat is not None
-    return _reply(await state.chat.create(body, request))
+    return _reply(await _state(request).serving().chat.create(body, request))
 
 
 @router.post("/v1/generate", response_model=None)
 async def generate(body: GenerateRequest, request: Request) -> Response:
-    state = _state(request)
-    state.check_serving()
-    assert state.tokens is not None
-    return _reply(await state.tokens.generate(body, request))
+    return _reply(await _state(request).serving().tokens.generate(body, request))
 
 
 @router.post("/tokenize", response_model=None)
 async def tokenize(body: TokenizeRequest, request: Request) -> Response:
-    state = _state(request)
-    state.check_serving()
-    assert state.tokens is not None
-    return _json(state.tokens.tokenize(body))
+    return _json(_state(request).serving().tokens.tokenize(body))
 
 
 @router.post("/detokenize", response_model=None)
 async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
-    state = _state(request)
-    state.check_serving()
-    assert state.tokens is not None
-    return _json(state.tokens.detokenize(body))
+    return _json(_state(request).serving().tokens.detokenize(body))
 
 
 def build_app(engine_config: EngineConfig, config: ServerConfig | None = None) -> FastAPI:
