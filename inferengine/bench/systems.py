@@ -31,6 +31,7 @@ from inferengine.errors import ConfigError, InferEngineError
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 DEFAULT_PORT = 8000
+KILL_WAIT_S = 5.0  # how long stop() waits for a SIGKILLed group to vanish
 
 
 class ServerError(InferEngineError):
@@ -161,6 +162,11 @@ class ServerProcess:
             time.sleep(0.1)
         if _group_alive(pgid, self.proc):
             _signal_group(pgid, signal.SIGKILL)
+            # SIGKILL lands asynchronously: wait until the group is really gone (its GPU
+            # memory free for the next system), not just signalled.
+            deadline = time.monotonic() + KILL_WAIT_S
+            while time.monotonic() < deadline and _group_alive(pgid, self.proc):
+                time.sleep(0.02)
         self.proc.wait()
         self._log.close()
 
