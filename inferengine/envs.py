@@ -44,3 +44,9 @@ def engine_startup_timeout_s() -> float:
 def step_stats_interval_s() -> float:
     """Log per-step timings of the engine core every this many seconds (0: off)."""
     return float(os.environ.get("INFERENGINE_STEP_STATS_INTERVAL", "0"))
+
+
+def use_pdl() -> bool:
+    """Launch Triton kernels with programmatic dependent launch on Hopper and later
+    (`INFERENGINE_PDL=0` turns it off, for comparisons)."""
+    return os.environ.get("INFERENGINE_PDL", "1") != "0"

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from inferengine.attention.backends.base import AttentionBackend, AttentionSpec
+from inferengine.attention.backends.base import AttentionBackend, AttentionSpec, RotaryInputs
 from inferengine.attention.metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from inferengine.model.layers.rotary import RotaryEmbedding
 
 
 class Attention(nn.Module):
@@ -30,9 +35,20 @@ class Attention(nn.Module):
         value: torch.Tensor,  # [T, Hkv·D]
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        positions: torch.Tensor | None = None,
+        rotary_emb: RotaryEmbedding | None = None,
     ) -> torch.Tensor:  # [T, Hq·D]
+        """With `rotary_emb`, query and key come unrotated: the backend rotates them while
+        storing K/V where it can (one kernel fewer per layer), else they are rotated here."""
         s = self.spec
         num_tokens = query.shape[0]
+        fused_rotary = None
+        if rotary_emb is not None:
+            assert positions is not None
+            if self.backend.fuses_rotary and rotary_emb.fusable_into_kv_store(query):
+                fused_rotary = RotaryInputs(positions, rotary_emb.cos_sin_cache)
+            else:
+                query, key = rotary_emb(positions, query, key)
         out = self.backend.forward(
             s,
             query.view(num_tokens, s.num_heads, s.head_dim),
@@ -40,5 +56,6 @@ class Attention(nn.Module):
             value.view(num_tokens, s.num_kv_heads, s.head_dim),
             kv_cache,
             metadata,
+            fused_rotary,
         )
         return out.view(num_tokens, s.num_heads * s.head_dim)

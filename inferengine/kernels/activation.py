@@ -2,6 +2,8 @@
 
 import torch
 
+from inferengine.kernels.triton_utils import pdl_launch
+
 _BLOCK = 1024
 
 
@@ -19,7 +21,14 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     if x2.shape[0] > 0:
         grid = (x2.shape[0], -(-intermediate_size // _BLOCK))
         silu_and_mul_kernel[grid](
-            x2, out2, intermediate_size, x2.stride(0), out2.stride(0), BLOCK=_BLOCK, num_warps=4
+            x2,
+            out2,
+            intermediate_size,
+            x2.stride(0),
+            out2.stride(0),
+            BLOCK=_BLOCK,
+            num_warps=4,
+            **pdl_launch(x2),
         )
     return out
 

@@ -1,12 +1,15 @@
 """Triton kernels behind `paged_attention`: a flash-attention tile loop over paged K/V, and the
 merge of split-KV partial results.
 
-Rows of a program's query tile are (query token, query head) pairs: all `GROUP` query heads that
-share one KV head sit in the same tile, so each K/V tile is loaded once per group.
+Rows of a program's query tile are (query token, query head) pairs: `HEADS_PER_TILE` of the
+`GROUP` query heads that share one KV head sit in the same tile (all of them for decode), so each
+K/V tile is loaded once for all of them.
 """
 
 import triton
 import triton.language as tl
+
+from inferengine.kernels.pdl_kernels import pdl_enter
 
 
 @triton.jit
@@ -100,6 +103,7 @@ def paged_attention_kernel(
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
+    counter_ptr,
     query_start_loc_ptr,
     seq_lens_ptr,
     block_table_ptr,
@@ -118,6 +122,7 @@ def paged_attention_kernel(
     stride_oh,
     stride_bt,
     GROUP: tl.constexpr,
+    HEADS_PER_TILE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -126,17 +131,23 @@ def paged_attention_kernel(
     BLOCK_N: tl.constexpr,
     SEQ_PER_PROGRAM: tl.constexpr,
     SPLIT_OUTPUT: tl.constexpr,
+    FUSED_MERGE: tl.constexpr,
+    MERGE_CHUNK: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    """Grid (KV heads, query tiles, splits). SEQ_PER_PROGRAM: tile i is sequence i whole
-    (sequences with 1 <= q_len <= BLOCK_Q; the split-KV path). Otherwise tiles hold BLOCK_Q
-    tokens of sequences with q_len > min_q_len (the prefill path), the last tile of a sequence
-    first, so the longest rows start early."""
-    kv_head = tl.program_id(0)
+    """Grid (query-head tiles, query tiles, splits). SEQ_PER_PROGRAM: tile i is sequence i
+    whole (sequences with 1 <= q_len <= BLOCK_Q; the split-KV path). Otherwise tiles hold
+    BLOCK_Q tokens of sequences with q_len > min_q_len (the prefill path), the last tile of a
+    sequence first, so the longest rows start early. FUSED_MERGE: the last split of a
+    (sequence, head tile) to finish merges the partials (counters start and end at zero)."""
+    pdl_enter(USE_PDL)
+    head_tile = tl.program_id(0)
     pid = tl.program_id(1)
     split = tl.program_id(2)
-    num_q_heads = tl.num_programs(0) * GROUP
+    kv_head = head_tile // (GROUP // HEADS_PER_TILE)
+    num_q_heads = tl.num_programs(0) * HEADS_PER_TILE
 
     if SEQ_PER_PROGRAM:
         seq = pid
@@ -159,9 +170,9 @@ def paged_attention_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    q_idx = q_tile * BLOCK_Q + offs_m // GROUP
-    q_head = kv_head * GROUP + offs_m % GROUP
-    row_valid = (offs_m < BLOCK_Q * GROUP) & (q_idx < q_len)
+    q_idx = q_tile * BLOCK_Q + offs_m // HEADS_PER_TILE
+    q_head = head_tile * HEADS_PER_TILE + offs_m % HEADS_PER_TILE
+    row_valid = (offs_m < BLOCK_Q * HEADS_PER_TILE) & (q_idx < q_len)
     q_pos = context_len + q_idx
     if HEAD_DIM_PAD == HEAD_DIM:
         row_mask = row_valid[:, None]
@@ -229,6 +240,59 @@ def paged_attention_kernel(
         tl.store(part_lse_ptr + part_row, lse, mask=row_valid)
         part_ptrs = part_out_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :]
         tl.store(part_ptrs, out, mask=row_mask)
+        if FUSED_MERGE:
+            # All threads' stores precede the release; the last arrival acquires them all.
+            tl.debug_barrier()
+            counter = counter_ptr + seq * tl.num_programs(0) + head_tile
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel")
+            if arrived == num_splits - 1:
+                # No keys at all: tiles_per_split is 0 and no split is active.
+                active_splits = tl.cdiv(
+                    tl.cdiv(kv_hi - kv_lo, BLOCK_N), tl.maximum(tiles_per_split, 1)
+                )
+                _merge_rows(
+                    out_ptr, part_out_ptr, part_lse_ptr, row_id, q_start + q_idx, q_head,
+                    row_valid, offs_d, active_splits, num_splits, stride_ot, stride_oh,
+                    HEAD_DIM, BLOCK_M, HEAD_DIM_PAD, MERGE_CHUNK,
+                )  # fmt: skip
+                tl.atomic_xchg(counter, 0)  # ready for the next launch
+
+
+@triton.jit
+def _merge_rows(
+    out_ptr, part_out_ptr, part_lse_ptr, row_id, token, q_head, row_valid, offs_d,
+    active_splits, num_splits, stride_ot, stride_oh, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MERGE_CHUNK: tl.constexpr,
+):  # fmt: skip
+    """Combine the partials of BLOCK_M rows from the first `active_splits` splits (the rest saw
+    no keys), MERGE_CHUNK splits per load, each weighted by its base-2 log-sum-exp with a
+    running maximum, as merge_splits_kernel does for one row."""
+    base = row_id.to(tl.int64) * num_splits
+    offs_c = tl.arange(0, MERGE_CHUNK)
+    d_ok = offs_d < HEAD_DIM
+    m = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    denom = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    for s0 in range(0, active_splits, MERGE_CHUNK):
+        part_row = base[:, None] + (s0 + offs_c)[None, :]  # [BLOCK_M, MERGE_CHUNK]
+        valid = row_valid[:, None] & ((s0 + offs_c) < active_splits)[None, :]
+        lse = tl.load(
+            part_lse_ptr + part_row, mask=valid, other=float("-inf"), cache_modifier=".cg"
+        )
+        m_new = tl.maximum(m, tl.max(lse, 1))
+        rescale = tl.exp2(m - m_new)
+        weight = tl.exp2(lse - m_new[:, None])
+        # A split whose keys were all masked has lse = -inf and a partial not to be read.
+        part_mask = (valid & (lse > float("-inf")))[:, :, None] & d_ok[None, None, :]
+        part_ptrs = part_out_ptr + part_row[:, :, None] * HEAD_DIM + offs_d[None, None, :]
+        part = tl.load(part_ptrs, mask=part_mask, other=0.0, cache_modifier=".cg")
+        acc = acc * rescale[:, None] + tl.sum(part * weight[:, :, None], 1)
+        denom = denom * rescale + tl.sum(weight, 1)
+        m = m_new
+    out = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
+    o_off = token[:, None].to(tl.int64) * stride_ot + q_head[:, None] * stride_oh
+    o_mask = row_valid[:, None] & d_ok[None, :]
+    tl.store(out_ptr + o_off + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=o_mask)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -244,9 +308,11 @@ def merge_splits_kernel(
     SPLIT_CHUNK: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Grid (num_seqs * MAX_Q, q heads): combine the partial outputs of one query row, each
     weighted by its base-2 log-sum-exp, SPLIT_CHUNK splits at a time with a running maximum."""
+    pdl_enter(USE_PDL)
     row = tl.program_id(0)
     q_head = tl.program_id(1)
     num_q_heads = tl.num_programs(1)

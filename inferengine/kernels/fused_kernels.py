@@ -5,6 +5,8 @@ kv_store.py, norm.py, rotary.py and activation.py."""
 import triton
 import triton.language as tl
 
+from inferengine.kernels.pdl_kernels import pdl_enter
+
 
 @triton.jit
 def store_kv_kernel(
@@ -25,8 +27,10 @@ def store_kv_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     HEADS_PER_PROGRAM: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Grid (tokens, head groups): copy HEADS_PER_PROGRAM heads of one token's K and V."""
+    pdl_enter(USE_PDL)
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token)
     if slot < 0:
@@ -65,9 +69,11 @@ def rms_norm_kernel(
     stride_o,
     ADD_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """One row per program. HF order of rounding: (x + residual) rounds to the input dtype,
     the normalized row rounds to the input dtype, then the weight multiplies it."""
+    pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden_size
@@ -130,8 +136,10 @@ def rotary_kernel(
     Q_HEADS_PAD: tl.constexpr,
     K_HEADS_PAD: tl.constexpr,
     IS_NEOX: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """One token per program: all its query heads, then all its key heads."""
+    pdl_enter(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token).to(tl.int64)
     offs_i = tl.arange(0, HALF_PAD)
@@ -149,6 +157,75 @@ def rotary_kernel(
 
 
 @triton.jit
+def rotary_store_kv_kernel(
+    positions_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    cos_sin_ptr,
+    kv_cache_ptr,
+    slot_mapping_ptr,
+    num_q_heads,
+    num_kv_heads,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cos_sin,
+    stride_cache_kv,
+    stride_cb,
+    stride_ct,
+    stride_ch,
+    BLOCK_SIZE: tl.constexpr,
+    HALF: tl.constexpr,
+    Q_HEADS_PAD: tl.constexpr,
+    K_HEADS_PAD: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """One token per program: rotate its query heads in place (NeoX halves, the whole head),
+    then write its rotated key heads and its value heads into the cache slot (none for slot
+    -1). The key input itself stays unrotated."""
+    pdl_enter(USE_PDL)
+    token = tl.program_id(0).to(tl.int64)
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    offs_i = tl.arange(0, HALF)
+    cs_ptr = cos_sin_ptr + pos * stride_cos_sin + offs_i
+    cos = tl.load(cs_ptr).to(tl.float32)[None, :]
+    sin = tl.load(cs_ptr + HALF).to(tl.float32)[None, :]
+    _rotate_heads(
+        q_ptr + token * stride_qt, num_q_heads, stride_qh, cos, sin, offs_i,
+        HALF, Q_HEADS_PAD, True,
+    )  # fmt: skip
+    slot = tl.load(slot_mapping_ptr + token)
+    if slot >= 0:
+        heads = tl.arange(0, K_HEADS_PAD)
+        mask = heads[:, None] < num_kv_heads
+        k_ptrs = k_ptr + token * stride_kt + heads[:, None] * stride_kh + offs_i[None, :]
+        k1 = tl.load(k_ptrs, mask=mask, other=0.0)
+        k2 = tl.load(k_ptrs + HALF, mask=mask, other=0.0)
+        v_ptrs = v_ptr + token * stride_vt + heads[:, None] * stride_vh + offs_i[None, :]
+        v1 = tl.load(v_ptrs, mask=mask, other=0.0)
+        v2 = tl.load(v_ptrs + HALF, mask=mask, other=0.0)
+        k1f = k1.to(tl.float32)
+        k2f = k2.to(tl.float32)
+        dtype = kv_cache_ptr.dtype.element_ty
+        cache_ptrs = (
+            kv_cache_ptr
+            + (slot // BLOCK_SIZE) * stride_cb
+            + (slot % BLOCK_SIZE) * stride_ct
+            + heads[:, None] * stride_ch
+            + offs_i[None, :]
+        )
+        # Round to the key's dtype first, as the unfused rotary kernel does.
+        tl.store(cache_ptrs, (k1f * cos - k2f * sin).to(k1.dtype).to(dtype), mask=mask)
+        tl.store(cache_ptrs + HALF, (k2f * cos + k1f * sin).to(k1.dtype).to(dtype), mask=mask)
+        tl.store(cache_ptrs + stride_cache_kv, v1.to(dtype), mask=mask)
+        tl.store(cache_ptrs + stride_cache_kv + HALF, v2.to(dtype), mask=mask)
+
+
+@triton.jit
 def silu_and_mul_kernel(
     x_ptr,
     out_ptr,
@@ -156,9 +233,11 @@ def silu_and_mul_kernel(
     stride_x,
     stride_o,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Grid (rows, column blocks). silu rounds to the input dtype before the product, as
     HF's `act_fn(gate_proj(x)) * up_proj(x)` does."""
+    pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < intermediate_size

@@ -1,8 +1,9 @@
-"""Write new tokens' keys and values into their KV cache pages (Triton + torch reference)."""
+"""Write new tokens' keys and values into their KV cache pages, optionally rotating the keys on
+the way (Triton + torch references)."""
 
 import torch
 
-from inferengine.kernels.triton_utils import next_power_of_2
+from inferengine.kernels.triton_utils import next_power_of_2, pdl_launch
 
 
 def store_kv(
@@ -38,6 +39,7 @@ def store_kv(
         HEAD_DIM_PAD=head_dim_pad,
         HEADS_PER_PROGRAM=heads_per_program,
         num_warps=4,
+        **pdl_launch(key),
     )
 
 
@@ -51,3 +53,62 @@ def store_kv_ref(
     blocks, offsets = slots // block_size, slots % block_size
     kv_cache[0, blocks, offsets] = key[keep].to(kv_cache.dtype)
     kv_cache[1, blocks, offsets] = value[keep].to(kv_cache.dtype)
+
+
+def rotary_store_kv_supported(head_dim: int, rotary_dim: int) -> bool:
+    """The fused kernel rotates NeoX halves of whole heads whose half is a power of two."""
+    half = head_dim // 2
+    return rotary_dim == head_dim and head_dim % 2 == 0 and next_power_of_2(half) == half
+
+
+def rotary_store_kv(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+) -> None:
+    """`rotary_embedding` of query [T, Hq, D] in place and `store_kv` of the rotated key and
+    value [T, Hkv, D], in one launch. `key` is left unrotated. NeoX rotation of whole heads
+    (see `rotary_store_kv_supported`); cos_sin_cache [max_position, D] is cos | sin."""
+    from inferengine.kernels.fused_kernels import rotary_store_kv_kernel
+
+    num_tokens, num_q_heads, head_dim = query.shape
+    num_kv_heads = key.shape[1]
+    if num_tokens == 0:
+        return
+    assert rotary_store_kv_supported(head_dim, cos_sin_cache.shape[-1])
+    assert query.stride(2) == 1 and key.stride(2) == 1 and value.stride(2) == 1
+    assert kv_cache.stride(4) == 1 and cos_sin_cache.stride(-1) == 1
+    rotary_store_kv_kernel[(num_tokens,)](
+        positions, query, key, value, cos_sin_cache, kv_cache, slot_mapping,
+        num_q_heads, num_kv_heads,
+        query.stride(0), query.stride(1), key.stride(0), key.stride(1),
+        value.stride(0), value.stride(1), cos_sin_cache.stride(0),
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        BLOCK_SIZE=kv_cache.shape[2],
+        HALF=head_dim // 2,
+        Q_HEADS_PAD=next_power_of_2(num_q_heads),
+        K_HEADS_PAD=next_power_of_2(num_kv_heads),
+        num_warps=4,
+        **pdl_launch(query),
+    )  # fmt: skip
+
+
+def rotary_store_kv_ref(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+) -> None:
+    """Torch reference of `rotary_store_kv`."""
+    from inferengine.kernels.rotary import rotary_embedding_ref
+
+    rotated_key = key.clone()
+    rotary_embedding_ref(positions, query, rotated_key, cos_sin_cache, query.shape[-1])
+    store_kv_ref(rotated_key, value, kv_cache, slot_mapping)

@@ -2,7 +2,7 @@
 
 import torch
 
-from inferengine.kernels.triton_utils import next_power_of_2
+from inferengine.kernels.triton_utils import next_power_of_2, pdl_launch
 
 
 def _launch(x, residual, weight, out, eps: float) -> None:
@@ -26,6 +26,7 @@ def _launch(x, residual, weight, out, eps: float) -> None:
         ADD_RESIDUAL=residual is not None,
         BLOCK=block,
         num_warps=min(16, max(1, block // 256)),
+        **pdl_launch(x),
     )
 
 

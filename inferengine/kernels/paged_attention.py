@@ -10,7 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-from inferengine.kernels.triton_utils import device_sms, next_power_of_2
+from inferengine.kernels.triton_utils import (
+    arrival_counters,
+    device_sms,
+    next_power_of_2,
+    pdl_launch,
+)
 
 LOG2E = 1.4426950408889634
 
@@ -21,6 +26,8 @@ class TileConfig:
     block_n: int  # keys per step of the inner loop
     num_warps: int
     num_stages: int
+    # Query heads per tile on the prefill path (a divisor of the GQA group); 0: the whole group
+    heads_per_tile: int = 0
 
 
 # Fixed configs keyed by the padded head dim: autotuning is slow and does not mix with graphs.
@@ -28,8 +35,9 @@ class TileConfig:
 PREFILL_CONFIGS = {
     32: TileConfig(128, 64, 4, 3),
     64: TileConfig(128, 64, 4, 3),
-    # Best of the H100 sweep at chunk 2k (20261122T080938Z-kernels-attention-prefill-sweep).
-    128: TileConfig(128, 32, 4, 2),
+    # Best of the H100 sweep at chunk 2k, batch 1 and 4: one query head per tile, 64 x 64
+    # (20261122T105448Z-kernels-attention-sweep).
+    128: TileConfig(64, 64, 4, 2, heads_per_tile=1),
     256: TileConfig(64, 32, 8, 2),
 }
 DECODE_CONFIGS = {
@@ -70,11 +78,13 @@ def paged_attention(
     num_splits: int | None = None,
     decode_config: TileConfig | None = None,
     prefill_config: TileConfig | None = None,
+    fused_merge: bool = True,
 ) -> torch.Tensor:
     """Causal attention of `q` [T, Hq, D] (B sequences laid end to end) over the paged cache
     `kv_cache` [2, num_blocks, block_size, Hkv, D]. The queries of sequence i are its last
     q_len_i positions of seq_lens[i]. max_query_len and max_seq_len may be upper bounds.
-    `num_splits` and the tile configs override the launch choices (tests, benchmark sweeps)."""
+    `num_splits` and the tile configs override the launch choices (tests, benchmark sweeps);
+    `fused_merge=False` merges split-KV partials in a kernel of its own."""
     from inferengine.kernels.attention_kernels import merge_splits_kernel, paged_attention_kernel
 
     num_tokens, num_q_heads, head_dim = q.shape
@@ -98,6 +108,7 @@ def paged_attention(
     splits = num_splits or num_kv_splits(num_seqs, num_kv_heads, max_seq_len, device_sms(q))
 
     common = dict(
+        **pdl_launch(q),
         q_ptr=q,
         kv_cache_ptr=kv_cache,
         out_ptr=out,
@@ -124,27 +135,34 @@ def paged_attention(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
 
+    counters = None
     if splits > 1:
         rows = num_seqs * split_max_q * num_q_heads * splits
         part_out = torch.empty((rows, head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((rows,), dtype=torch.float32, device=q.device)
+        if fused_merge:
+            counters = arrival_counters(q.device, num_seqs * num_kv_heads)
     else:
         part_out = part_lse = out  # unused
     paged_attention_kernel[(num_kv_heads, num_seqs, splits)](
         **common,
         part_out_ptr=part_out,
         part_lse_ptr=part_lse,
+        counter_ptr=counters if counters is not None else out,
         num_splits=splits,
         min_q_len=0,
+        HEADS_PER_TILE=group,
         BLOCK_M=split_block_m,
         BLOCK_Q=split_max_q,
         BLOCK_N=decode_cfg.block_n,
         SEQ_PER_PROGRAM=True,
         SPLIT_OUTPUT=splits > 1,
+        FUSED_MERGE=counters is not None,
+        MERGE_CHUNK=max(1, 64 // split_block_m),
         num_warps=decode_cfg.num_warps,
         num_stages=decode_cfg.num_stages,
     )
-    if splits > 1:
+    if splits > 1 and counters is None:
         merge_splits_kernel[(num_seqs * split_max_q, num_q_heads)](
             out,
             part_out,
@@ -158,22 +176,30 @@ def paged_attention(
             HEAD_DIM=head_dim,
             HEAD_DIM_PAD=head_dim_pad,
             num_warps=4,
+            **pdl_launch(q),
         )
 
     if max_query_len > split_max_q:
-        block_m = max(prefill_cfg.block_m, next_power_of_2(group))
-        block_q = block_m // group
-        paged_attention_kernel[(num_kv_heads, num_tokens // block_q + num_seqs, 1)](
+        heads_per_tile = prefill_cfg.heads_per_tile or group
+        assert group % heads_per_tile == 0, "heads_per_tile must divide the GQA group"
+        block_m = max(prefill_cfg.block_m, next_power_of_2(heads_per_tile))
+        block_q = block_m // heads_per_tile
+        grid = (num_q_heads // heads_per_tile, num_tokens // block_q + num_seqs, 1)
+        paged_attention_kernel[grid](
             **common,
             part_out_ptr=out,
             part_lse_ptr=out,
+            counter_ptr=out,
             num_splits=1,
             min_q_len=split_max_q,
+            HEADS_PER_TILE=heads_per_tile,
             BLOCK_M=block_m,
             BLOCK_Q=block_q,
             BLOCK_N=prefill_cfg.block_n,
             SEQ_PER_PROGRAM=False,
             SPLIT_OUTPUT=False,
+            FUSED_MERGE=False,
+            MERGE_CHUNK=1,
             num_warps=prefill_cfg.num_warps,
             num_stages=prefill_cfg.num_stages,
         )

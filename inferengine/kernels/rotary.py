@@ -3,7 +3,7 @@
 
 import torch
 
-from inferengine.kernels.triton_utils import next_power_of_2
+from inferengine.kernels.triton_utils import next_power_of_2, pdl_launch
 
 
 def _heads(x: torch.Tensor, head_dim: int) -> tuple[int, int]:
@@ -53,6 +53,7 @@ def rotary_embedding(
         K_HEADS_PAD=next_power_of_2(num_kv_heads),
         IS_NEOX=is_neox,
         num_warps=4,
+        **pdl_launch(query),
     )
     return query, key
 

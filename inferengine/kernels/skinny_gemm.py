@@ -9,7 +9,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from inferengine.kernels.triton_utils import device_sms, next_power_of_2, triton_available
+from inferengine.kernels.triton_utils import (
+    arrival_counters,
+    device_sms,
+    next_power_of_2,
+    pdl_launch,
+    triton_available,
+)
 
 MAX_M = 32
 METHODS = {"dot": 0, "tma": 1, "fma": 2}  # how W is streamed and multiplied -> kernel METHOD
@@ -162,25 +168,6 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-_counters: dict[torch.device, torch.Tensor] = {}
-_retired_counters: list[torch.Tensor] = []  # kept alive: captured graphs may point at them
-
-
-def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """Zeroed int32 arrival counters for the serial split-K reduction; the kernel leaves them
-    zero. Allocated outside graph capture only (None there if too few), one set per device:
-    serial-mode calls on one device must not run concurrently on two streams."""
-    counters = _counters.get(device)
-    if counters is None or counters.numel() < tiles:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            return None
-        if counters is not None:
-            _retired_counters.append(counters)
-        counters = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
-        _counters[device] = counters
-    return counters
-
-
 def _tma_ready(t: torch.Tensor, block_rows: int, block_k: int) -> bool:
     """TMA's rules: 16-byte aligned base and row stride, boxes of at most 256 per dim."""
     return (
@@ -234,7 +221,7 @@ def skinny_linear(
     mode = 0 if splits == 1 else REDUCE_MODES[cfg.reduce]
     counters = partials = out2  # placeholders where unused
     if mode == REDUCE_MODES["serial"]:
-        found = _tile_counters(x.device, tiles)
+        found = arrival_counters(x.device, tiles)
         if found is None:
             mode = REDUCE_MODES["kernel"]  # same sums in the same order, one more launch
         else:
@@ -249,12 +236,12 @@ def skinny_linear(
         x2.stride(0), weight.stride(0), out2.stride(0),
         M_PAD=pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, METHOD=METHODS[method],
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None, REDUCE=mode,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x),
     )  # fmt: skip
     if mode in (REDUCE_MODES["kernel"], REDUCE_MODES["atomic"]):
         skinny_reduce_kernel[(-(-n // _REDUCE_BLOCK), m)](
             partials, bias_in, out2, m, n, partials.shape[0], out2.stride(0),
-            HAS_BIAS=bias is not None, BLOCK=_REDUCE_BLOCK, num_warps=4,
+            HAS_BIAS=bias is not None, BLOCK=_REDUCE_BLOCK, num_warps=4, **pdl_launch(x),
         )  # fmt: skip
     return out
 

@@ -4,6 +4,8 @@ table and torch reference live in skinny_gemm.py."""
 import triton
 import triton.language as tl
 
+from inferengine.kernels.pdl_kernels import pdl_enter
+
 # How a program streams W and multiplies (METHOD; skinny_gemm.METHODS holds the same numbers):
 DOT = tl.constexpr(0)  # pointer loads (cp.async pipeline), tensor cores with M padded to 16
 TMA = tl.constexpr(1)  # TMA descriptor loads (out of bounds reads as zero), tensor cores
@@ -117,6 +119,7 @@ def skinny_gemm_kernel(
     EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     REDUCE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Grid (N tiles, K splits). Streams W[BLOCK_N rows, one K-split] once, multiplies by all of x.
 
@@ -126,6 +129,7 @@ def skinny_gemm_kernel(
     partials are always summed in split order, so results do not depend on timing, except
     with ATOMIC.
     """
+    pdl_enter(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -184,8 +188,10 @@ def skinny_reduce_kernel(
     stride_om,
     HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Grid (N blocks, M): out[m] = sum of the partials[s, m] in split order (+ bias), cast."""
+    pdl_enter(USE_PDL)
     m = tl.program_id(1)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N

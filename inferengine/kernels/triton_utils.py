@@ -39,3 +39,46 @@ def num_sms(device_index: int | None) -> int:
 
 def device_sms(t: torch.Tensor) -> int:
     return num_sms(t.device.index if t.device.type == "cuda" else None)
+
+
+@functools.cache
+def _pdl_supported(device_index: int) -> bool:
+    if envs.triton_interpret() or not envs.use_pdl():
+        return False
+    if torch.cuda.get_device_capability(device_index)[0] < 9:
+        return False
+    try:  # launch_pdl and gdc_wait arrived in Triton 3.3
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra import cuda as tl_cuda
+
+        return "launch_pdl" in CUDAOptions.__dataclass_fields__ and hasattr(tl_cuda, "gdc_wait")
+    except (ImportError, AttributeError):
+        return False
+
+
+def pdl_launch(t: torch.Tensor) -> dict[str, bool]:
+    """Launch keywords for programmatic dependent launch (Hopper and later): the kernel may
+    start while the previous one drains, and waits for its results in `pdl_enter`. Every kernel
+    given these keywords must call `pdl_enter(USE_PDL)` before it touches memory."""
+    if t.device.type == "cuda" and _pdl_supported(t.device.index or 0):
+        return {"USE_PDL": True, "launch_pdl": True}
+    return {"USE_PDL": False}
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+_retired_counters: list[torch.Tensor] = []  # kept alive: captured graphs may point at them
+
+
+def arrival_counters(device: torch.device, count: int) -> torch.Tensor | None:
+    """Zeroed int32 counters for "the last program to arrive finishes the job" reductions;
+    kernels leave them zero. Allocated outside graph capture only (None there if too few), one
+    set per device shared by all such kernels: they must not run concurrently on two streams."""
+    counters = _counters.get(device)
+    if counters is None or counters.numel() < count:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return None
+        if counters is not None:
+            _retired_counters.append(counters)
+        counters = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
+        _counters[device] = counters
+    return counters

@@ -120,8 +120,8 @@ class DecoderAttention(nn.Module):
             n = q.shape[0]
             q = self.q_norm(q.reshape(n, -1, self.head_dim)).view(n, self.q_size)
             k = self.k_norm(k.reshape(n, -1, self.head_dim)).view(n, self.kv_size)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, kv_cache, metadata))
+        out = self.attn(q, k, v, kv_cache, metadata, positions, self.rotary_emb)
+        return self.o_proj(out)
 
 
 class DecoderMLP(nn.Module):

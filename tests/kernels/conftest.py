@@ -18,7 +18,11 @@ import torch
 
 INTERPRET = not torch.cuda.is_available()
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-KERNEL_MODULES = ("inferengine.kernels.attention_kernels", "inferengine.kernels.fused_kernels")
+KERNEL_MODULES = (
+    "inferengine.kernels.pdl_kernels",
+    "inferengine.kernels.attention_kernels",
+    "inferengine.kernels.fused_kernels",
+)
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 

@@ -37,3 +37,42 @@ def test_store_kv_all_padded_and_empty(gen, device):
     store_kv(key, key, cache, torch.full((4,), -1, dtype=torch.int64, device=device))
     store_kv(key[:0], key[:0], cache, torch.empty(0, dtype=torch.int64, device=device))
     assert cache.eq(0).all()
+
+
+@pytest.mark.parametrize(("num_q_heads", "num_kv_heads", "head_dim"), [(4, 2, 64), (7, 1, 128)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_store_kv_matches_rotary_then_store(
+    gen, device, dtype, num_q_heads, num_kv_heads, head_dim
+):
+    """Fused rotary + KV store equals rotating q and k, then storing k and v; q is rotated in
+    place inside a fused QKV row, k is left as it was, padded slots write nothing."""
+    from inferengine.kernels.kv_store import rotary_store_kv, rotary_store_kv_ref
+    from inferengine.kernels.rotary import compute_cos_sin_cache
+
+    num_tokens, block_size, num_blocks = 6, 16, 5
+    sizes = [num_q_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
+    qkv = torch.randn(num_tokens, sum(sizes), generator=gen).to(device, dtype)
+    qkv_ref = qkv.clone()
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    cos_sin = compute_cos_sin_cache(inv_freq, 512).to(device)
+    positions = torch.randint(0, 512, (num_tokens,), generator=gen).to(device)
+    slots = torch.tensor([3, 17, -1, 40, 79, 0], device=device)
+    cache = torch.full(
+        (2, num_blocks, block_size, num_kv_heads, head_dim),
+        float("nan"),
+        dtype=dtype,
+        device=device,
+    )
+    cache_ref = cache.clone()
+
+    def heads(t):
+        q, k, v = t.split(sizes, dim=-1)
+        return (q.view(num_tokens, num_q_heads, head_dim), k.view(num_tokens, num_kv_heads, head_dim),
+                v.view(num_tokens, num_kv_heads, head_dim))  # fmt: skip
+
+    key_before = heads(qkv)[1].clone()
+    rotary_store_kv(positions, *heads(qkv), cache, slots, cos_sin)
+    rotary_store_kv_ref(positions, *heads(qkv_ref), cache_ref, slots, cos_sin)
+    torch.testing.assert_close(heads(qkv)[0], heads(qkv_ref)[0], equal_nan=True)
+    torch.testing.assert_close(cache, cache_ref, equal_nan=True)
+    assert torch.equal(heads(qkv)[1], key_before)

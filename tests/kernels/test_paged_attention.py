@@ -46,6 +46,30 @@ def test_decode(paged_batch, assert_close, hq, hkv, head_dim, block_size, dtype,
     check(batch, assert_close, num_splits=num_splits)
 
 
+def test_split_merge_in_its_own_kernel_matches(paged_batch, assert_close):
+    """The separate merge kernel (taken when arrival counters cannot be allocated, as inside a
+    graph capture that outgrew them) gives the reference result too; the counters end at 0."""
+    from inferengine.kernels.triton_utils import arrival_counters
+
+    batch = paged_batch(
+        [1, 1, 2], [40, 150, 77], num_q_heads=8, num_kv_heads=2, head_dim=64,
+        block_size=16, dtype=F32,
+    )  # fmt: skip
+    check(batch, assert_close, num_splits=4, fused_merge=False)
+    check(batch, assert_close, num_splits=4, fused_merge=True)
+    assert int(arrival_counters(batch.q.device, 1).abs().sum()) == 0
+
+
+@pytest.mark.parametrize("heads_per_tile", [1, 2])
+def test_prefill_with_part_of_the_group_per_tile(paged_batch, assert_close, heads_per_tile):
+    batch = paged_batch(
+        [1, 40, 7], [30, 90, 7], num_q_heads=8, num_kv_heads=2, head_dim=64,
+        block_size=16, dtype=BF16,
+    )  # fmt: skip
+    cfg = pa.TileConfig(32, 16, 4, 2, heads_per_tile=heads_per_tile)
+    check(batch, assert_close, prefill_config=cfg)
+
+
 @pytest.mark.parametrize(("hq", "hkv", "head_dim", "block_size", "dtype"), SHAPES)
 def test_prefill(paged_batch, assert_close, hq, hkv, head_dim, block_size, dtype):
     lens = [1, 33, 100]
@@ -179,9 +203,10 @@ def test_graph_padding_leaves_real_rows_alone(paged_batch, assert_close, dtype):
     )  # fmt: skip
     real_tokens, real_seqs = batch.q.shape[0], len(MIXED_Q)
     pad_tokens, pad_seqs = 13, 5
-    q = torch.cat([batch.q, torch.randn(pad_tokens, *batch.q.shape[1:]).to(dtype)])
+    dev = batch.q.device
+    q = torch.cat([batch.q, torch.randn(pad_tokens, *batch.q.shape[1:]).to(dev, dtype)])
     qsl = torch.cat([batch.query_start_loc, batch.query_start_loc[-1:].repeat(pad_seqs)])
-    seq_lens = torch.cat([batch.seq_lens, torch.zeros(pad_seqs, dtype=torch.int32)])
+    seq_lens = torch.cat([batch.seq_lens, torch.zeros(pad_seqs, dtype=torch.int32, device=dev)])
     table = torch.cat([batch.block_table, torch.zeros_like(batch.block_table[:pad_seqs])])
     out = torch.full_like(q, float("nan"))
     pa.paged_attention(

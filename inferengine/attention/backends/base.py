@@ -11,6 +11,15 @@ from inferengine.attention.metadata import AttentionMetadata
 
 
 @dataclass(frozen=True)
+class RotaryInputs:
+    """Rotary embedding a backend with `fuses_rotary` applies while storing K/V: NeoX halves
+    of whole heads, cos | sin rows of `cos_sin_cache` picked by `positions`."""
+
+    positions: torch.Tensor  # [T]
+    cos_sin_cache: torch.Tensor  # [max_position, head_dim] float32
+
+
+@dataclass(frozen=True)
 class AttentionSpec:
     num_heads: int
     num_kv_heads: int
@@ -23,6 +32,8 @@ class AttentionBackend(ABC):
     name: str
     # True when a forward reads no device value on the host, so a step can be a CUDA graph.
     cuda_graph_safe: bool = False
+    # True when forward can take `rotary` and rotate the (unrotated) query and key itself.
+    fuses_rotary: bool = False
 
     @abstractmethod
     def forward(
@@ -33,5 +44,7 @@ class AttentionBackend(ABC):
         value: torch.Tensor,  # [T, Hkv, D]
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D]
         metadata: AttentionMetadata,
+        rotary: RotaryInputs | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
-        """Write `key`/`value` into their slots, then attend each query over its context."""
+        """Write `key`/`value` into their slots, then attend each query over its context.
+        With `rotary` (only for backends with `fuses_rotary`), rotate query and key first."""

@@ -20,7 +20,7 @@ from functools import cache
 
 import torch
 
-from inferengine.attention.backends.base import AttentionBackend, AttentionSpec
+from inferengine.attention.backends.base import AttentionBackend, AttentionSpec, RotaryInputs
 from inferengine.attention.backends.torch_ref import store_kv_torch
 from inferengine.attention.metadata import AttentionMetadata
 from inferengine.errors import ConfigError
@@ -174,6 +174,7 @@ class FlexAttentionBackend(AttentionBackend):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        rotary: RotaryInputs | None = None,
     ) -> torch.Tensor:
         store_kv_torch(key, value, kv_cache, metadata.slot_mapping)
         _, num_pages, block_size, num_kv_heads, head_dim = kv_cache.shape

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from inferengine.attention.backends.base import AttentionBackend, AttentionSpec
+from inferengine.attention.backends.base import AttentionBackend, AttentionSpec, RotaryInputs
 from inferengine.attention.metadata import AttentionMetadata
 
 
@@ -75,6 +75,7 @@ class TorchAttentionBackend(AttentionBackend):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        rotary: RotaryInputs | None = None,
     ) -> torch.Tensor:
         store_kv_torch(key, value, kv_cache, metadata.slot_mapping)
         if metadata.max_query_len == 1 and metadata.num_actual_tokens == metadata.num_seqs:

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import torch
 
-from inferengine.attention.backends.base import AttentionBackend, AttentionSpec
+from inferengine.attention.backends.base import AttentionBackend, AttentionSpec, RotaryInputs
 from inferengine.attention.metadata import AttentionMetadata
-from inferengine.kernels.kv_store import store_kv
+from inferengine.kernels.kv_store import rotary_store_kv, store_kv
 from inferengine.kernels.paged_attention import paged_attention
 
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     cuda_graph_safe = True
+    fuses_rotary = True
 
     def forward(
         self,
@@ -26,8 +27,15 @@ class TritonAttentionBackend(AttentionBackend):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        rotary: RotaryInputs | None = None,
     ) -> torch.Tensor:
-        store_kv(key, value, kv_cache, metadata.slot_mapping)
+        if rotary is not None:
+            rotary_store_kv(
+                rotary.positions, query, key, value, kv_cache, metadata.slot_mapping,
+                rotary.cos_sin_cache,
+            )  # fmt: skip
+        else:
+            store_kv(key, value, kv_cache, metadata.slot_mapping)
         return paged_attention(
             query,
             kv_cache,

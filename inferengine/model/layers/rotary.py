@@ -119,6 +119,14 @@ class RotaryEmbedding(nn.Module):
         cache = torch.cat([freqs.cos() * scale, freqs.sin() * scale], dim=-1)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
+    def fusable_into_kv_store(self, query: torch.Tensor) -> bool:
+        """Whether a backend may apply this rotation in its fused rotary + KV-store kernel."""
+        if not use_fused_kernels(query):
+            return False
+        from inferengine.kernels.kv_store import rotary_store_kv_supported
+
+        return rotary_store_kv_supported(self.head_dim, self.rotary_dim)
+
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
