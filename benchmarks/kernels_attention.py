@@ -305,7 +305,7 @@ def sweep(args) -> dict:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out: dict[str, list] = {}
     decode_points = [(64, 4096), (1, 32768), (256, 1024)] if args.sweep_what != "prefill" else []
-    prefill_points = [(1, 2048), (4, 2048), (1, 8192)] if args.sweep_what != "decode" else []
+    prefill_points = [(1, 2048), (4, 2048)] if args.sweep_what != "decode" else []
     for b, ctx in decode_points:
         batch = build_batch([1] * b, [ctx] * b, args.block_size)
         rows = out.setdefault(f"decode b={b} ctx={ctx}", [])
@@ -326,8 +326,11 @@ def sweep(args) -> dict:
         batch = build_batch([chunk] * b, [chunk] * b, args.block_size)
         rows = out.setdefault(f"prefill b={b} chunk={chunk}", [])
         flops = 4 * D * HQ * b * chunk * (chunk + 1) // 2
-        grid = [pa.TileConfig(bm, bn, w, st) for bm in (64, 128) for bn in (32, 64, 128)
-                for w in (4, 8) for st in (2, 3)]  # fmt: skip
+        # One query head per tile (FlashAttention's layout), and the whole GQA group per tile.
+        grid = [pa.TileConfig(bm, bn, w, st, 1) for bm in (64, 128) for bn in (64, 128)
+                for w in (4, 8) for st in (2, 3, 4)]  # fmt: skip
+        grid += [pa.TileConfig(bm, bn, w, st) for bm, bn, w, st in
+                 ((128, 32, 4, 2), (128, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 2))]  # fmt: skip
         for cfg in grid:
             row = {"config": astuple(cfg)}
             if ms := attempt(
