@@ -49,11 +49,24 @@ def _step(acc, l_i, m_i, q, k, v, qk_scale, offs_m, pos_n, MASKED: tl.constexpr)
 
 
 @triton.jit
+def _load_kv(k_in, v_in, q_start, start_n, kvh, stride_kt, offs_n, offs_d, HEAD_DIM: tl.constexpr,
+             TMA: tl.constexpr):  # fmt: skip
+    if TMA:
+        k = k_in.load([q_start + start_n, kvh * HEAD_DIM])
+        v = v_in.load([q_start + start_n, kvh * HEAD_DIM])
+    else:
+        kr = (q_start + start_n + offs_n).to(tl.int64)[:, None] * stride_kt
+        k = tl.load(k_in + kr + kvh * HEAD_DIM + offs_d[None, :])
+        v = tl.load(v_in + kr + kvh * HEAD_DIM + offs_d[None, :])
+    return k, v
+
+
+@triton.jit
 def dense_prefill_kernel(
     q_in, k_in, v_in, out_ptr, qsl_ptr, num_seqs, qk_scale,
     stride_qt, stride_kt, stride_ot,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, WS: tl.constexpr,
 ):  # fmt: skip
     """Grid (query heads, query tiles): causal attention of BLOCK_M query tokens of one head over
     their own sequence's keys (no earlier context), last tile of a sequence first."""
@@ -80,25 +93,20 @@ def dense_prefill_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     hi = tl.minimum(start_m + BLOCK_M, q_len)
-    for start_n in range(0, hi, BLOCK_N):
-        if TMA:
-            k = k_in.load([q_start + start_n, kvh * HEAD_DIM])
-            v = v_in.load([q_start + start_n, kvh * HEAD_DIM])
-        else:
-            kr = (q_start + start_n + offs_n).to(tl.int64)[:, None] * stride_kt
-            k = tl.load(k_in + kr + kvh * HEAD_DIM + offs_d[None, :])
-            v = tl.load(v_in + kr + kvh * HEAD_DIM + offs_d[None, :])
-        if start_n + BLOCK_N <= start_m:
-            acc, l_i, m_i = _step(acc, l_i, m_i, q, k, v, qk_scale, offs_m, start_n + offs_n, False)
-        else:
-            acc, l_i, m_i = _step(acc, l_i, m_i, q, k, v, qk_scale, offs_m, start_n + offs_n, True)
+    # Keys before the tile's first query are visible to all its rows: no mask, no branch.
+    for start_n in tl.range(0, start_m, BLOCK_N, warp_specialize=WS):
+        k, v = _load_kv(k_in, v_in, q_start, start_n, kvh, stride_kt, offs_n, offs_d, HEAD_DIM, TMA)
+        acc, l_i, m_i = _step(acc, l_i, m_i, q, k, v, qk_scale, offs_m, start_n + offs_n, False)
+    for start_n in range(start_m, hi, BLOCK_N):
+        k, v = _load_kv(k_in, v_in, q_start, start_n, kvh, stride_kt, offs_n, offs_d, HEAD_DIM, TMA)
+        acc, l_i, m_i = _step(acc, l_i, m_i, q, k, v, qk_scale, offs_m, start_n + offs_n, True)
     out = acc / l_i[:, None]
     rows = (q_start + offs_m).to(tl.int64)
     o_ptrs = out_ptr + rows[:, None] * stride_ot + qh * HEAD_DIM + offs_d[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=(offs_m < q_len)[:, None])
 
 
-def dense_call(q2, k2, v2, out2, qsl, num_seqs, cfg, tma: bool):
+def dense_call(q2, k2, v2, out2, qsl, num_seqs, cfg, tma: bool, ws: bool = False):
     bm, bn, warps, stages = cfg
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -112,14 +120,15 @@ def dense_call(q2, k2, v2, out2, qsl, num_seqs, cfg, tma: bool):
     return lambda: dense_prefill_kernel[grid](
         q_in, k_in, v_in, out2, qsl, num_seqs, SCALE * LOG2E,
         q2.stride(0), k2.stride(0), out2.stride(0),
-        GROUP=HQ // HKV, HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, TMA=tma,
+        GROUP=HQ // HKV, HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, TMA=tma, WS=ws,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 
-CONFIGS = [(128, 128, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (64, 64, 4, 2), (64, 64, 4, 4),
-           (64, 128, 4, 2), (64, 128, 4, 3), (64, 64, 8, 3), (32, 64, 4, 3)]  # fmt: skip
-TMA_ONLY = True  # the first run (20261122T113931Z) showed TMA ahead for the small tiles
+# (BLOCK_M, BLOCK_N, warps, stages, warp-specialized loop); TMA loads (ahead in the first runs)
+CONFIGS = [(64, 64, 4, 3, False), (64, 64, 4, 2, False), (64, 128, 4, 2, False),
+           (128, 128, 8, 3, False), (128, 64, 8, 3, False), (64, 64, 4, 3, True),
+           (64, 64, 4, 2, True), (128, 128, 8, 3, True), (128, 64, 8, 3, True)]  # fmt: skip
 
 
 def main() -> int:
@@ -154,14 +163,14 @@ def main() -> int:
             )  # fmt: skip
             ms, _ = time_ms(sdpa, args.repeats)
             row["sdpa_TFLOPs"] = flops / ms / 1e9
-            for tma in (True,) if TMA_ONLY else (False, True):
-                for cfg in CONFIGS:
-                    key = f"{'tma' if tma else 'ptr'} {cfg}"
+            for tma in (True,):
+                for *cfg, ws in CONFIGS:
+                    key = f"{'tma' if tma else 'ptr'} {tuple(cfg)}{' ws' if ws else ''}"
                     out2 = torch.full(
                         (t, HQ * D), float("nan"), dtype=torch.bfloat16, device="cuda"
                     )
                     try:
-                        call = dense_call(q2, k2, v2, out2, batch.query_start_loc, b, cfg, tma)
+                        call = dense_call(q2, k2, v2, out2, batch.query_start_loc, b, cfg, tma, ws)
                         call()
                         err = (out2.float() - want.float()).abs().max().item()
                         ms, _ = time_ms(call, args.repeats)

@@ -73,22 +73,64 @@ def _attend_kv_tile(
         k = tl.load(k_head_ptr + kv_off, mask=kv_mask, other=0.0)
     else:
         k = tl.load(k_head_ptr + kv_off)
+    if MASKED or HEAD_DIM_PAD != HEAD_DIM:
+        v = tl.load(v_head_ptr + kv_off, mask=kv_mask, other=0.0)
+    else:
+        v = tl.load(v_head_ptr + kv_off)
+    return _softmax_step(
+        acc, l_i, m_i, q, k, v, pos, q_pos, sliding_window, qk_scale,
+        MASKED, USE_WINDOW, DOT_PRECISION,
+    )  # fmt: skip
+
+
+@triton.jit
+def _attend_fresh_tile(
+    acc, l_i, m_i, q, fresh_k, fresh_v, q_start, start_j, q_len, context_len, q_pos, kv_head,
+    stride_ft, stride_fh, qk_scale, offs_n, offs_d, HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr, FRESH: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """As _attend_kv_tile for keys start_j .. start_j + BLOCK_N - 1 of this step's own tokens
+    (positions context_len + j), read from the step's contiguous K/V instead of the pages:
+    rows q_start + j, by pointer (FRESH == 1) or TMA descriptor (FRESH == 2; rows past the
+    sequence are other sequences' keys or zeros, and the causal mask drops them)."""
+    j = start_j + offs_n
+    if FRESH == 2:
+        k = fresh_k.load([q_start + start_j, kv_head * HEAD_DIM])
+        v = fresh_v.load([q_start + start_j, kv_head * HEAD_DIM])
+    else:
+        off = (q_start + j).to(tl.int64)[:, None] * stride_ft + kv_head * stride_fh
+        off = off + offs_d[None, :]
+        if MASKED or HEAD_DIM_PAD != HEAD_DIM:
+            mask = (j < q_len)[:, None] & (offs_d[None, :] < HEAD_DIM)
+            k = tl.load(fresh_k + off, mask=mask, other=0.0)
+            v = tl.load(fresh_v + off, mask=mask, other=0.0)
+        else:
+            k = tl.load(fresh_k + off)
+            v = tl.load(fresh_v + off)
+    return _softmax_step(
+        acc, l_i, m_i, q, k, v, context_len + j, q_pos, 0, qk_scale, MASKED, False, DOT_PRECISION
+    )
+
+
+@triton.jit
+def _softmax_step(
+    acc, l_i, m_i, q, k, v, pos, q_pos, sliding_window, qk_scale, MASKED: tl.constexpr,
+    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Online softmax over one key tile at positions `pos`; masked tiles apply causality (and
+    the window) per row."""
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     if MASKED:
         visible = pos[None, :] <= q_pos[:, None]
         if USE_WINDOW:
             visible = visible & (pos[None, :] > q_pos[:, None] - sliding_window)
         qk = tl.where(visible, qk, float("-inf"))
-
     # m_i starts finite (-1e30), so fully masked rows give p = 0 and alpha = 1, never NaN.
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    if MASKED or HEAD_DIM_PAD != HEAD_DIM:
-        v = tl.load(v_head_ptr + kv_off, mask=kv_mask, other=0.0)
-    else:
-        v = tl.load(v_head_ptr + kv_off)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
     return acc, l_i, m_new
@@ -104,6 +146,8 @@ def paged_attention_kernel(
     part_out_ptr,
     part_lse_ptr,
     counter_ptr,
+    fresh_k,
+    fresh_v,
     query_start_loc_ptr,
     seq_lens_ptr,
     block_table_ptr,
@@ -121,6 +165,8 @@ def paged_attention_kernel(
     stride_ot,
     stride_oh,
     stride_bt,
+    stride_ft,
+    stride_fh,
     GROUP: tl.constexpr,
     HEADS_PER_TILE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -135,13 +181,16 @@ def paged_attention_kernel(
     MERGE_CHUNK: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FRESH: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Grid (query-head tiles, query tiles, splits). SEQ_PER_PROGRAM: tile i is sequence i
     whole (sequences with 1 <= q_len <= BLOCK_Q; the split-KV path). Otherwise tiles hold
     BLOCK_Q tokens of sequences with q_len > min_q_len (the prefill path), the last tile of a
     sequence first, so the longest rows start early. FUSED_MERGE: the last split of a
-    (sequence, head tile) to finish merges the partials (counters start and end at zero)."""
+    (sequence, head tile) to finish merges the partials (counters start and end at zero).
+    FRESH (prefill path, one split, no window): the keys of this step's tokens come from the
+    contiguous fresh_k/fresh_v [T, Hkv, D] instead of the pages (1: pointers, 2: TMA)."""
     pdl_enter(USE_PDL)
     head_tile = tl.program_id(0)
     pid = tl.program_id(1)
@@ -207,25 +256,58 @@ def paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
 
-    if USE_WINDOW:
-        for start_n in range(split_lo, tl.minimum(full_lo, split_hi), BLOCK_N):
+    if FRESH != 0:
+        # Context keys, all visible to every row, from the pages; then the chunk's own keys.
+        ctx_full = (context_len // BLOCK_N) * BLOCK_N
+        for start_n in range(0, ctx_full, BLOCK_N):
+            acc, l_i, m_i = _attend_kv_tile(
+                acc, l_i, m_i, q, k_head_ptr, v_head_ptr, block_table_row_ptr, start_n,
+                context_len, q_pos, 0, qk_scale, stride_kb, stride_kt, offs_n, offs_d,
+                BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, False, False, DOT_PRECISION,
+            )  # fmt: skip
+        # The partial last context tile: positions past the context are the chunk's, not here.
+        ctx_last = tl.minimum(q_pos, context_len - 1)
+        for start_n in range(ctx_full, context_len, BLOCK_N):
+            acc, l_i, m_i = _attend_kv_tile(
+                acc, l_i, m_i, q, k_head_ptr, v_head_ptr, block_table_row_ptr, start_n,
+                context_len, ctx_last, 0, qk_scale, stride_kb, stride_kt, offs_n, offs_d,
+                BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, True, False, DOT_PRECISION,
+            )  # fmt: skip
+        first_q = q_tile * BLOCK_Q
+        last_q = tl.minimum(first_q + BLOCK_Q, q_len) - 1
+        fresh_full = ((first_q + 1) // BLOCK_N) * BLOCK_N
+        for start_j in range(0, fresh_full, BLOCK_N):
+            acc, l_i, m_i = _attend_fresh_tile(
+                acc, l_i, m_i, q, fresh_k, fresh_v, q_start, start_j, q_len, context_len, q_pos,
+                kv_head, stride_ft, stride_fh, qk_scale, offs_n, offs_d, HEAD_DIM, HEAD_DIM_PAD,
+                False, FRESH, DOT_PRECISION,
+            )  # fmt: skip
+        for start_j in range(fresh_full, last_q + 1, BLOCK_N):
+            acc, l_i, m_i = _attend_fresh_tile(
+                acc, l_i, m_i, q, fresh_k, fresh_v, q_start, start_j, q_len, context_len, q_pos,
+                kv_head, stride_ft, stride_fh, qk_scale, offs_n, offs_d, HEAD_DIM, HEAD_DIM_PAD,
+                True, FRESH, DOT_PRECISION,
+            )  # fmt: skip
+    if FRESH == 0:
+        if USE_WINDOW:
+            for start_n in range(split_lo, tl.minimum(full_lo, split_hi), BLOCK_N):
+                acc, l_i, m_i = _attend_kv_tile(
+                    acc, l_i, m_i, q, k_head_ptr, v_head_ptr, block_table_row_ptr, start_n, kv_hi,
+                    q_pos, sliding_window, qk_scale, stride_kb, stride_kt, offs_n, offs_d,
+                    BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, True, USE_WINDOW, DOT_PRECISION,
+                )  # fmt: skip
+        for start_n in range(tl.maximum(split_lo, full_lo), tl.minimum(full_hi, split_hi), BLOCK_N):
+            acc, l_i, m_i = _attend_kv_tile(
+                acc, l_i, m_i, q, k_head_ptr, v_head_ptr, block_table_row_ptr, start_n, kv_hi,
+                q_pos, sliding_window, qk_scale, stride_kb, stride_kt, offs_n, offs_d,
+                BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, False, USE_WINDOW, DOT_PRECISION,
+            )  # fmt: skip
+        for start_n in range(tl.maximum(split_lo, full_hi), split_hi, BLOCK_N):
             acc, l_i, m_i = _attend_kv_tile(
                 acc, l_i, m_i, q, k_head_ptr, v_head_ptr, block_table_row_ptr, start_n, kv_hi,
                 q_pos, sliding_window, qk_scale, stride_kb, stride_kt, offs_n, offs_d,
                 BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, True, USE_WINDOW, DOT_PRECISION,
             )  # fmt: skip
-    for start_n in range(tl.maximum(split_lo, full_lo), tl.minimum(full_hi, split_hi), BLOCK_N):
-        acc, l_i, m_i = _attend_kv_tile(
-            acc, l_i, m_i, q, k_head_ptr, v_head_ptr, block_table_row_ptr, start_n, kv_hi,
-            q_pos, sliding_window, qk_scale, stride_kb, stride_kt, offs_n, offs_d,
-            BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, False, USE_WINDOW, DOT_PRECISION,
-        )  # fmt: skip
-    for start_n in range(tl.maximum(split_lo, full_hi), split_hi, BLOCK_N):
-        acc, l_i, m_i = _attend_kv_tile(
-            acc, l_i, m_i, q, k_head_ptr, v_head_ptr, block_table_row_ptr, start_n, kv_hi,
-            q_pos, sliding_window, qk_scale, stride_kb, stride_kt, offs_n, offs_d,
-            BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, True, USE_WINDOW, DOT_PRECISION,
-        )  # fmt: skip
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     if not SPLIT_OUTPUT:

@@ -185,8 +185,8 @@ def rotary_store_kv_kernel(
     USE_PDL: tl.constexpr,
 ):
     """One token per program: rotate its query heads in place (NeoX halves, the whole head),
-    then write its rotated key heads and its value heads into the cache slot (none for slot
-    -1). The key input itself stays unrotated."""
+    then its key heads in place, and write those and its value heads into the cache slot.
+    A padded token (slot -1) only has its query rotated."""
     pdl_enter(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token).to(tl.int64)
@@ -219,8 +219,12 @@ def rotary_store_kv_kernel(
             + offs_i[None, :]
         )
         # Round to the key's dtype first, as the unfused rotary kernel does.
-        tl.store(cache_ptrs, (k1f * cos - k2f * sin).to(k1.dtype).to(dtype), mask=mask)
-        tl.store(cache_ptrs + HALF, (k2f * cos + k1f * sin).to(k1.dtype).to(dtype), mask=mask)
+        r1 = (k1f * cos - k2f * sin).to(k1.dtype)
+        r2 = (k2f * cos + k1f * sin).to(k1.dtype)
+        tl.store(k_ptrs, r1, mask=mask)
+        tl.store(k_ptrs + HALF, r2, mask=mask)
+        tl.store(cache_ptrs, r1.to(dtype), mask=mask)
+        tl.store(cache_ptrs + HALF, r2.to(dtype), mask=mask)
         tl.store(cache_ptrs + stride_cache_kv, v1.to(dtype), mask=mask)
         tl.store(cache_ptrs + stride_cache_kv + HALF, v2.to(dtype), mask=mask)
 

@@ -70,9 +70,10 @@ def rotary_store_kv(
     slot_mapping: torch.Tensor,
     cos_sin_cache: torch.Tensor,
 ) -> None:
-    """`rotary_embedding` of query [T, Hq, D] in place and `store_kv` of the rotated key and
-    value [T, Hkv, D], in one launch. `key` is left unrotated. NeoX rotation of whole heads
-    (see `rotary_store_kv_supported`); cos_sin_cache [max_position, D] is cos | sin."""
+    """`rotary_embedding` of query [T, Hq, D] and key [T, Hkv, D] in place and `store_kv` of
+    the rotated key and value, in one launch (padded tokens, slot -1: query only). NeoX
+    rotation of whole heads (see `rotary_store_kv_supported`); cos_sin_cache
+    [max_position, D] is cos | sin."""
     from inferengine.kernels.fused_kernels import rotary_store_kv_kernel
 
     num_tokens, num_q_heads, head_dim = query.shape
@@ -109,6 +110,8 @@ def rotary_store_kv_ref(
     """Torch reference of `rotary_store_kv`."""
     from inferengine.kernels.rotary import rotary_embedding_ref
 
+    keep = slot_mapping >= 0
     rotated_key = key.clone()
     rotary_embedding_ref(positions, query, rotated_key, cos_sin_cache, query.shape[-1])
-    store_kv_ref(rotated_key, value, kv_cache, slot_mapping)
+    key[keep] = rotated_key[keep]
+    store_kv_ref(key, value, kv_cache, slot_mapping)

@@ -15,6 +15,7 @@ from inferengine.kernels.triton_utils import (
     device_sms,
     next_power_of_2,
     pdl_launch,
+    tma_ready,
 )
 
 LOG2E = 1.4426950408889634
@@ -35,9 +36,10 @@ class TileConfig:
 PREFILL_CONFIGS = {
     32: TileConfig(128, 64, 4, 3),
     64: TileConfig(128, 64, 4, 3),
-    # Best of the H100 sweep at chunk 2k, batch 1 and 4: one query head per tile, 64 x 64
-    # (20261122T105448Z-kernels-attention-sweep).
-    128: TileConfig(64, 64, 4, 2, heads_per_tile=1),
+    # One query head per tile, 64 x 64, 3 stages: best at chunk 2k, batch 1 and 4, with the
+    # chunk's keys read from the fresh K/V by TMA (20261122T105448Z-kernels-attention-sweep,
+    # 20261122T115129Z-prefill-dense-experiment).
+    128: TileConfig(64, 64, 4, 3, heads_per_tile=1),
     256: TileConfig(64, 32, 8, 2),
 }
 DECODE_CONFIGS = {
@@ -79,12 +81,20 @@ def paged_attention(
     decode_config: TileConfig | None = None,
     prefill_config: TileConfig | None = None,
     fused_merge: bool = True,
+    fresh_key: torch.Tensor | None = None,
+    fresh_value: torch.Tensor | None = None,
+    fresh_tma: bool | None = None,
 ) -> torch.Tensor:
     """Causal attention of `q` [T, Hq, D] (B sequences laid end to end) over the paged cache
     `kv_cache` [2, num_blocks, block_size, Hkv, D]. The queries of sequence i are its last
     q_len_i positions of seq_lens[i]. max_query_len and max_seq_len may be upper bounds.
     `num_splits` and the tile configs override the launch choices (tests, benchmark sweeps);
-    `fused_merge=False` merges split-KV partials in a kernel of its own."""
+    `fused_merge=False` merges split-KV partials in a kernel of its own.
+
+    `fresh_key`/`fresh_value` [T, Hkv, D]: this step's keys and values as they were written to
+    the cache (e.g. views into the fused QKV output). With them, prefill tiles read the chunk's
+    own keys from these contiguous rows (TMA loads on Hopper, `fresh_tma` overrides) and only
+    the context before the chunk through the block table."""
     from inferengine.kernels.attention_kernels import merge_splits_kernel, paged_attention_kernel
 
     num_tokens, num_q_heads, head_dim = q.shape
@@ -149,6 +159,11 @@ def paged_attention(
         part_out_ptr=part_out,
         part_lse_ptr=part_lse,
         counter_ptr=counters if counters is not None else out,
+        fresh_k=out,
+        fresh_v=out,
+        stride_ft=0,
+        stride_fh=0,
+        FRESH=0,
         num_splits=splits,
         min_q_len=0,
         HEADS_PER_TILE=group,
@@ -185,8 +200,12 @@ def paged_attention(
         block_m = max(prefill_cfg.block_m, next_power_of_2(heads_per_tile))
         block_q = block_m // heads_per_tile
         grid = (num_q_heads // heads_per_tile, num_tokens // block_q + num_seqs, 1)
+        fresh = _fresh_kv_args(
+            q, fresh_key, fresh_value, sliding_window, prefill_cfg.block_n, head_dim_pad, fresh_tma
+        )
         paged_attention_kernel[grid](
             **common,
+            **fresh,
             part_out_ptr=out,
             part_lse_ptr=out,
             counter_ptr=out,
@@ -204,6 +223,51 @@ def paged_attention(
             num_stages=prefill_cfg.num_stages,
         )
     return out
+
+
+def _fresh_kv_args(
+    q: torch.Tensor,
+    key: torch.Tensor | None,
+    value: torch.Tensor | None,
+    sliding_window: int | None,
+    block_n: int,
+    head_dim_pad: int,
+    want_tma: bool | None,
+) -> dict:
+    """Kernel arguments for reading the chunk's own keys from `key`/`value`: TMA descriptors
+    over [T, Hkv*D] row views where Hopper and the layout allow, else pointers; FRESH=0 (all
+    keys through the block table) without them or with a sliding window."""
+    none = dict(fresh_k=q, fresh_v=q, stride_ft=0, stride_fh=0, FRESH=0)
+    if key is None or value is None or sliding_window is not None:
+        return none
+    num_tokens, num_kv_heads, head_dim = key.shape
+    assert value.shape == key.shape and key.dtype == value.dtype == q.dtype
+    assert key.shape[0] == q.shape[0] and key.stride(2) == 1 and value.stride(2) == 1
+    assert key.stride() == value.stride(), "fresh key and value must share one layout"
+    tma = (
+        q.is_cuda
+        and torch.cuda.get_device_capability(q.device)[0] >= 9
+        and q.dtype in (torch.bfloat16, torch.float16)
+        and head_dim == head_dim_pad
+        and key.stride(1) == head_dim
+    )
+    if tma:
+        k2d = key.as_strided((num_tokens, num_kv_heads * head_dim), (key.stride(0), 1))
+        v2d = value.as_strided((num_tokens, num_kv_heads * head_dim), (value.stride(0), 1))
+        tma = tma_ready(k2d, block_n, head_dim) and tma_ready(v2d, block_n, head_dim)
+    if want_tma is not None:
+        tma = tma and want_tma
+    common = dict(stride_ft=key.stride(0), stride_fh=key.stride(1))
+    if not tma:
+        return dict(fresh_k=key, fresh_v=value, FRESH=1, **common)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return dict(
+        fresh_k=TensorDescriptor.from_tensor(k2d, [block_n, head_dim]),
+        fresh_v=TensorDescriptor.from_tensor(v2d, [block_n, head_dim]),
+        FRESH=2,
+        **common,
+    )
 
 
 def paged_attention_ref(

@@ -14,6 +14,7 @@ from inferengine.kernels.triton_utils import (
     device_sms,
     next_power_of_2,
     pdl_launch,
+    tma_ready,
     triton_available,
 )
 
@@ -168,15 +169,6 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def _tma_ready(t: torch.Tensor, block_rows: int, block_k: int) -> bool:
-    """TMA's rules: 16-byte aligned base and row stride, boxes of at most 256 per dim."""
-    return (
-        t.data_ptr() % 16 == 0
-        and t.stride(0) * t.element_size() % 16 == 0
-        and max(block_rows, block_k) <= 256
-    )
-
-
 def skinny_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -209,7 +201,7 @@ def skinny_linear(
     method, pad = cfg.method, m_pad(m, cfg.method)
     x_in, w_in = x2, weight
     if method == "tma":
-        if _tma_ready(x2, pad, cfg.block_k) and _tma_ready(weight, cfg.block_n, cfg.block_k):
+        if tma_ready(x2, pad, cfg.block_k) and tma_ready(weight, cfg.block_n, cfg.block_k):
             from triton.tools.tensor_descriptor import TensorDescriptor
 
             x_in = TensorDescriptor.from_tensor(x2, [pad, cfg.block_k])

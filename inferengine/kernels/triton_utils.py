@@ -82,3 +82,15 @@ def arrival_counters(device: torch.device, count: int) -> torch.Tensor | None:
         counters = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
         _counters[device] = counters
     return counters
+
+
+def tma_ready(t: torch.Tensor, block_rows: int, block_cols: int) -> bool:
+    """TMA's rules for a 2-D tensor: 16-byte aligned base and row stride, dense last dim,
+    boxes of at most 256 per dim."""
+    return (
+        t.dim() == 2
+        and t.stride(1) == 1
+        and t.data_ptr() % 16 == 0
+        and t.stride(0) * t.element_size() % 16 == 0
+        and max(block_rows, block_cols) <= 256
+    )

@@ -216,3 +216,37 @@ def test_graph_padding_leaves_real_rows_alone(paged_batch, assert_close, dtype):
     expected = pa.paged_attention_ref(*batch.args(), scale=64**-0.5)
     assert_close(out[:real_tokens], expected)
     assert real_seqs + pad_seqs == seq_lens.shape[0]
+
+
+def fresh_kv(batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query token's own key and value, read back from its cache slot, as rows of one
+    fused [T, Hq + 2 Hkv, D] buffer (the layout the model's QKV projection gives)."""
+    block_size = batch.kv_cache.shape[2]
+    hq, hkv = batch.q.shape[1], batch.kv_cache.shape[3]
+    qkv = torch.zeros(batch.q.shape[0], hq + 2 * hkv, batch.q.shape[2], dtype=batch.q.dtype)
+    qkv = qkv.to(batch.q.device)
+    starts, lens = batch.query_start_loc.tolist(), batch.seq_lens.tolist()
+    for i, seq_len in enumerate(lens):
+        for t in range(starts[i], starts[i + 1]):
+            pos = seq_len - (starts[i + 1] - t)
+            block = int(batch.block_table[i, pos // block_size])
+            qkv[t, hq : hq + hkv] = batch.kv_cache[0, block, pos % block_size]
+            qkv[t, hq + hkv :] = batch.kv_cache[1, block, pos % block_size]
+    return qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
+
+
+@pytest.mark.parametrize(("hq", "hkv", "head_dim", "block_size", "dtype"), SHAPES)
+def test_chunk_keys_read_from_the_fresh_kv(
+    paged_batch, assert_close, hq, hkv, head_dim, block_size, dtype
+):
+    """Prefill tiles that read the chunk's own keys from the step's K/V rows (and the context
+    before it from the pages) match the reference: fresh prompts, prefix hits, chunks starting
+    mid-block, decodes beside them."""
+    batch = paged_batch(
+        MIXED_Q, MIXED_SEQ, num_q_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
+        block_size=block_size, dtype=dtype,
+    )  # fmt: skip
+    key, value = fresh_kv(batch)
+    check(batch, assert_close, fresh_key=key, fresh_value=value)
+    cfg = pa.TileConfig(32, 16, 4, 2, heads_per_tile=1)
+    check(batch, assert_close, fresh_key=key, fresh_value=value, prefill_config=cfg)

@@ -6,6 +6,7 @@ import torch
 
 from inferengine.kernels import skinny_gemm as sg
 from inferengine.kernels.skinny_gemm import SkinnyConfig, skinny_linear, skinny_linear_ref
+from inferengine.kernels.triton_utils import tma_ready
 
 # One rounding of an fp32 sum (the kernel's and the reference's fp32 sums differ in order only).
 TOL = {torch.bfloat16: {"atol": 1e-3, "rtol": 8e-3}, torch.float16: {"atol": 1e-3, "rtol": 1e-3}}
@@ -42,7 +43,7 @@ def test_split_k_ragged(gen, device, m, bias, method):
     """N and K not multiples of the tile; K split in three, the last split shorter. (K=296
     keeps rows 16-byte aligned for TMA.)"""
     x, w, b = make(gen, m, 100, 296, bias=bias, device=device)
-    assert method != "tma" or (sg._tma_ready(x, 16, 32) and sg._tma_ready(w, 16, 32))
+    assert method != "tma" or (tma_ready(x, 16, 32) and tma_ready(w, 16, 32))
     out = run_poisoned(x, w, b, SkinnyConfig(16, 32, split_k=3, method=method))
     torch.testing.assert_close(out.float(), expected(x, w, b), **TOL[x.dtype])
 

@@ -46,4 +46,6 @@ class TritonAttentionBackend(AttentionBackend):
             max_seq_len=metadata.max_seq_len,
             scale=spec.scale,
             sliding_window=spec.sliding_window,
+            fresh_key=key,
+            fresh_value=value,
         )
