@@ -264,11 +264,13 @@ def bench_prefill(args, rates: dict, chunks) -> list[dict]:
             batch = build_batch([chunk] * b, [chunk] * b, args.block_size)
             # As the engine calls it: the chunk's keys from the fused QKV rows just written.
             fused, fresh = with_fused_qkv(batch)
-            ms = attempt(row, "ours", ours(fused, chunk, chunk, **fresh), args.repeats)
+            call = ours(fused, chunk, chunk, min_query_len=chunk, **fresh)
+            ms = attempt(row, "ours", call, args.repeats)
             if ms:
                 row["ours_TFLOPs"] = flops / ms / 1e9
                 row["ours_fraction_of_matmul"] = row["ours_TFLOPs"] / rates["matmul_TFLOPs"]
-            if ms := attempt(row, "ours_paged_only", ours(batch, chunk, chunk), args.repeats):
+            paged_only = ours(batch, chunk, chunk, min_query_len=chunk)
+            if ms := attempt(row, "ours_paged_only", paged_only, args.repeats):
                 row["ours_paged_only_TFLOPs"] = flops / ms / 1e9
             del fused, fresh
             k, v = dense_kv(batch, chunk)
@@ -314,11 +316,11 @@ def compare(name: str, block_size: int, dtype: torch.dtype, got, want) -> dict:
             "ok": ok}  # fmt: skip
 
 
-def run_checks(block_sizes: list[int]) -> list[dict]:
+def run_checks(block_sizes: list[int], dtypes: list[torch.dtype]) -> list[dict]:
     results = []
     for block_size in block_sizes:
         for name, q_lens, seq_lens, kw in check_cases(block_size):
-            for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for dtype in dtypes:
                 batch = build_batch(q_lens, seq_lens, block_size, dtype)
                 window = kw.get("sliding_window")
                 got = pa.paged_attention(
@@ -451,6 +453,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a few points, fewer repeats")
     parser.add_argument("--check", action="store_true", help="correctness at real sizes first")
     parser.add_argument("--check-only", action="store_true", help="correctness, no timing")
+    parser.add_argument("--check-dtypes", default="bfloat16,float16,float32")
+    parser.add_argument("--check-block-sizes", default="16,32")
     parser.add_argument("--sweep", action="store_true", help="time tile configs instead")
     parser.add_argument("--sweep-what", choices=["decode", "prefill", "all"], default="all")
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention")
@@ -473,7 +477,9 @@ def main() -> int:
     }
     failed = False
     if args.check or args.check_only:
-        results["check"] = run_checks([16, 32])
+        dtypes = [getattr(torch, name) for name in args.check_dtypes.split(",")]
+        block_sizes = [int(n) for n in args.check_block_sizes.split(",")]
+        results["check"] = run_checks(block_sizes, dtypes)
         failed = not all(c["ok"] for c in results["check"])
     if not failed and not args.check_only:
         try:

@@ -75,6 +75,7 @@ def paged_attention(
     max_query_len: int,
     max_seq_len: int,
     scale: float,
+    min_query_len: int = 0,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
@@ -87,7 +88,8 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of `q` [T, Hq, D] (B sequences laid end to end) over the paged cache
     `kv_cache` [2, num_blocks, block_size, Hkv, D]. The queries of sequence i are its last
-    q_len_i positions of seq_lens[i]. max_query_len and max_seq_len may be upper bounds.
+    q_len_i positions of seq_lens[i]. max_query_len and max_seq_len may be upper bounds,
+    min_query_len a lower bound (it lets a prefill-only batch skip the decode launch).
     `num_splits` and the tile configs override the launch choices (tests, benchmark sweeps);
     `fused_merge=False` merges split-KV partials in a kernel of its own.
 
@@ -145,6 +147,11 @@ def paged_attention(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
 
+    # Sequences of at most split_max_q queries take the split-KV launch; none in a batch known
+    # to hold only longer ones.
+    decode_launch = min_query_len <= split_max_q
+    if not decode_launch:
+        splits = 1
     counters = None
     if splits > 1:
         rows = num_seqs * split_max_q * num_q_heads * splits
@@ -154,45 +161,46 @@ def paged_attention(
             counters = arrival_counters(q.device, num_seqs * num_kv_heads)
     else:
         part_out = part_lse = out  # unused
-    paged_attention_kernel[(num_kv_heads, num_seqs, splits)](
-        **common,
-        part_out_ptr=part_out,
-        part_lse_ptr=part_lse,
-        counter_ptr=counters if counters is not None else out,
-        fresh_k=out,
-        fresh_v=out,
-        stride_ft=0,
-        stride_fh=0,
-        FRESH=0,
-        num_splits=splits,
-        min_q_len=0,
-        HEADS_PER_TILE=group,
-        BLOCK_M=split_block_m,
-        BLOCK_Q=split_max_q,
-        BLOCK_N=decode_cfg.block_n,
-        SEQ_PER_PROGRAM=True,
-        SPLIT_OUTPUT=splits > 1,
-        FUSED_MERGE=counters is not None,
-        MERGE_CHUNK=max(1, 64 // split_block_m),
-        num_warps=decode_cfg.num_warps,
-        num_stages=decode_cfg.num_stages,
-    )
-    if splits > 1 and counters is None:
-        merge_splits_kernel[(num_seqs * split_max_q, num_q_heads)](
-            out,
-            part_out,
-            part_lse,
-            query_start_loc,
-            splits,
-            out.stride(0),
-            out.stride(1),
-            MAX_Q=split_max_q,
-            SPLIT_CHUNK=16,
-            HEAD_DIM=head_dim,
-            HEAD_DIM_PAD=head_dim_pad,
-            num_warps=4,
-            **pdl_launch(q),
+    if decode_launch:
+        paged_attention_kernel[(num_kv_heads, num_seqs, splits)](
+            **common,
+            part_out_ptr=part_out,
+            part_lse_ptr=part_lse,
+            counter_ptr=counters if counters is not None else out,
+            fresh_k=out,
+            fresh_v=out,
+            stride_ft=0,
+            stride_fh=0,
+            FRESH=0,
+            num_splits=splits,
+            min_q_len=0,
+            HEADS_PER_TILE=group,
+            BLOCK_M=split_block_m,
+            BLOCK_Q=split_max_q,
+            BLOCK_N=decode_cfg.block_n,
+            SEQ_PER_PROGRAM=True,
+            SPLIT_OUTPUT=splits > 1,
+            FUSED_MERGE=counters is not None,
+            MERGE_CHUNK=max(1, 64 // split_block_m),
+            num_warps=decode_cfg.num_warps,
+            num_stages=decode_cfg.num_stages,
         )
+        if splits > 1 and counters is None:
+            merge_splits_kernel[(num_seqs * split_max_q, num_q_heads)](
+                out,
+                part_out,
+                part_lse,
+                query_start_loc,
+                splits,
+                out.stride(0),
+                out.stride(1),
+                MAX_Q=split_max_q,
+                SPLIT_CHUNK=16,
+                HEAD_DIM=head_dim,
+                HEAD_DIM_PAD=head_dim_pad,
+                num_warps=4,
+                **pdl_launch(q),
+            )
 
     if max_query_len > split_max_q:
         heads_per_tile = prefill_cfg.heads_per_tile or group

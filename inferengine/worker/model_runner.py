@@ -160,6 +160,7 @@ class ModelRunner:
             metadata = AttentionMetadata(
                 num_actual_tokens=num_tokens,
                 max_query_len=max_query_len,
+                min_query_len=int(layout.num_scheduled.min()),
                 max_seq_len=max_seq_len,
                 query_start_loc=self.buffers.query_start_loc[: b + 1],
                 seq_lens=self.buffers.seq_lens[:b],

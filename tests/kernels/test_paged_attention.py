@@ -250,3 +250,13 @@ def test_chunk_keys_read_from_the_fresh_kv(
     check(batch, assert_close, fresh_key=key, fresh_value=value)
     cfg = pa.TileConfig(32, 16, 4, 2, heads_per_tile=1)
     check(batch, assert_close, fresh_key=key, fresh_value=value, prefill_config=cfg)
+
+
+def test_prefill_only_batch_skips_the_decode_launch(paged_batch, assert_close):
+    """With min_query_len above the split path's limit only the prefill launch runs, and the
+    result is the same."""
+    batch = paged_batch(
+        [40, 33], [90, 33], num_q_heads=8, num_kv_heads=2, head_dim=64, block_size=16,
+        dtype=BF16,
+    )  # fmt: skip
+    check(batch, assert_close, min_query_len=33)

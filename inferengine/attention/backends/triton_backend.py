@@ -43,6 +43,7 @@ class TritonAttentionBackend(AttentionBackend):
             metadata.seq_lens,
             metadata.block_table,
             max_query_len=metadata.max_query_len,
+            min_query_len=metadata.min_query_len,
             max_seq_len=metadata.max_seq_len,
             scale=spec.scale,
             sliding_window=spec.sliding_window,
