@@ -24,10 +24,10 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # int32 [B], on the device
     block_table: torch.Tensor  # int32 [B, max_blocks], on the device
     slot_mapping: torch.Tensor  # int64 [num_tokens], on the device
-    # Host copies for backends that loop in Python (the torch reference); None in CUDA graphs.
     # A lower bound on every sequence's query length (0: unknown); prefill-only steps skip the
     # decode launch with it.
     min_query_len: int = 0
+    # Host copies for backends that loop in Python (the torch reference); None in CUDA graphs.
     query_start_loc_cpu: list[int] | None = None
     seq_lens_cpu: list[int] | None = None
     # What a backend derives once per step and reuses in every layer (e.g. flex's block mask).

@@ -288,7 +288,7 @@ def paged_attention_kernel(
                 kv_head, stride_ft, stride_fh, qk_scale, offs_n, offs_d, HEAD_DIM, HEAD_DIM_PAD,
                 True, FRESH, DOT_PRECISION,
             )  # fmt: skip
-    if FRESH == 0:
+    else:
         if USE_WINDOW:
             for start_n in range(split_lo, tl.minimum(full_lo, split_hi), BLOCK_N):
                 acc, l_i, m_i = _attend_kv_tile(

@@ -110,12 +110,19 @@ def _rotate_heads(
     else:
         ptr1 = x_ptr + heads[:, None] * stride_h + 2 * offs_i[None, :]
         ptr2 = ptr1 + 1
-    x1 = tl.load(ptr1, mask=mask, other=0.0)
-    x2 = tl.load(ptr2, mask=mask, other=0.0)
+    r1, r2 = _rotate(
+        tl.load(ptr1, mask=mask, other=0.0), tl.load(ptr2, mask=mask, other=0.0), cos, sin
+    )
+    tl.store(ptr1, r1, mask=mask)
+    tl.store(ptr2, r2, mask=mask)
+
+
+@triton.jit
+def _rotate(x1, x2, cos, sin):
+    """The rotated pair (x1 cos - x2 sin, x2 cos + x1 sin) in fp32, rounded to x's dtype."""
     x1f = x1.to(tl.float32)
     x2f = x2.to(tl.float32)
-    tl.store(ptr1, (x1f * cos - x2f * sin).to(x1.dtype), mask=mask)
-    tl.store(ptr2, (x2f * cos + x1f * sin).to(x1.dtype), mask=mask)
+    return (x1f * cos - x2f * sin).to(x1.dtype), (x2f * cos + x1f * sin).to(x1.dtype)
 
 
 @triton.jit
@@ -203,13 +210,13 @@ def rotary_store_kv_kernel(
         heads = tl.arange(0, K_HEADS_PAD)
         mask = heads[:, None] < num_kv_heads
         k_ptrs = k_ptr + token * stride_kt + heads[:, None] * stride_kh + offs_i[None, :]
-        k1 = tl.load(k_ptrs, mask=mask, other=0.0)
-        k2 = tl.load(k_ptrs + HALF, mask=mask, other=0.0)
+        r1, r2 = _rotate(
+            tl.load(k_ptrs, mask=mask, other=0.0), tl.load(k_ptrs + HALF, mask=mask, other=0.0),
+            cos, sin,
+        )  # fmt: skip
         v_ptrs = v_ptr + token * stride_vt + heads[:, None] * stride_vh + offs_i[None, :]
         v1 = tl.load(v_ptrs, mask=mask, other=0.0)
         v2 = tl.load(v_ptrs + HALF, mask=mask, other=0.0)
-        k1f = k1.to(tl.float32)
-        k2f = k2.to(tl.float32)
         dtype = kv_cache_ptr.dtype.element_ty
         cache_ptrs = (
             kv_cache_ptr
@@ -218,9 +225,7 @@ def rotary_store_kv_kernel(
             + heads[:, None] * stride_ch
             + offs_i[None, :]
         )
-        # Round to the key's dtype first, as the unfused rotary kernel does.
-        r1 = (k1f * cos - k2f * sin).to(k1.dtype)
-        r2 = (k2f * cos + k1f * sin).to(k1.dtype)
+        # Rounded to the key's dtype first, as the unfused rotary kernel does.
         tl.store(k_ptrs, r1, mask=mask)
         tl.store(k_ptrs + HALF, r2, mask=mask)
         tl.store(cache_ptrs, r1.to(dtype), mask=mask)

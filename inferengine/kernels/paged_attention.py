@@ -13,6 +13,7 @@ import torch
 from inferengine.kernels.triton_utils import (
     arrival_counters,
     device_sms,
+    hopper_or_later,
     next_power_of_2,
     pdl_launch,
     tma_ready,
@@ -119,8 +120,9 @@ def paged_attention(
     split_block_m = max(decode_cfg.block_m, next_power_of_2(split_max_q * group))
     splits = num_splits or num_kv_splits(num_seqs, num_kv_heads, max_seq_len, device_sms(q))
 
+    pdl = pdl_launch(q)
     common = dict(
-        **pdl_launch(q),
+        **pdl,
         q_ptr=q,
         kv_cache_ptr=kv_cache,
         out_ptr=out,
@@ -199,7 +201,7 @@ def paged_attention(
                 HEAD_DIM=head_dim,
                 HEAD_DIM_PAD=head_dim_pad,
                 num_warps=4,
-                **pdl_launch(q),
+                **pdl,
             )
 
     if max_query_len > split_max_q:
@@ -253,8 +255,7 @@ def _fresh_kv_args(
     assert key.shape[0] == q.shape[0] and key.stride(2) == 1 and value.stride(2) == 1
     assert key.stride() == value.stride(), "fresh key and value must share one layout"
     tma = (
-        q.is_cuda
-        and torch.cuda.get_device_capability(q.device)[0] >= 9
+        hopper_or_later(q)
         and q.dtype in (torch.bfloat16, torch.float16)
         and head_dim == head_dim_pad
         and key.stride(1) == head_dim

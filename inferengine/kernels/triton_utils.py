@@ -42,10 +42,18 @@ def device_sms(t: torch.Tensor) -> int:
 
 
 @functools.cache
+def _sm90_or_later(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def hopper_or_later(t: torch.Tensor) -> bool:
+    """Whether `t` lives on a CUDA device of compute capability 9.0 or later (TMA, PDL)."""
+    return t.is_cuda and _sm90_or_later(t.device.index or 0)
+
+
+@functools.cache
 def _pdl_supported(device_index: int) -> bool:
-    if envs.triton_interpret() or not envs.use_pdl():
-        return False
-    if torch.cuda.get_device_capability(device_index)[0] < 9:
+    if envs.triton_interpret() or not envs.use_pdl() or not _sm90_or_later(device_index):
         return False
     try:  # launch_pdl and gdc_wait arrived in Triton 3.3
         from triton.backends.nvidia.compiler import CUDAOptions
@@ -60,7 +68,7 @@ def pdl_launch(t: torch.Tensor) -> dict[str, bool]:
     """Launch keywords for programmatic dependent launch (Hopper and later): the kernel may
     start while the previous one drains, and waits for its results in `pdl_enter`. Every kernel
     given these keywords must call `pdl_enter(USE_PDL)` before it touches memory."""
-    if t.device.type == "cuda" and _pdl_supported(t.device.index or 0):
+    if t.is_cuda and _pdl_supported(t.device.index or 0):
         return {"USE_PDL": True, "launch_pdl": True}
     return {"USE_PDL": False}
 
