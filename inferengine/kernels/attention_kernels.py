@@ -119,17 +119,18 @@ def _softmax_step(
     USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Online softmax over one key tile at positions `pos`; masked tiles apply causality (and
-    the window) per row."""
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    the window) per row. The scale (> 0) is applied to the row maximum and inside one
+    multiply-add per score, not as a pass of its own over the tile."""
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if MASKED:
         visible = pos[None, :] <= q_pos[:, None]
         if USE_WINDOW:
             visible = visible & (pos[None, :] > q_pos[:, None] - sliding_window)
         qk = tl.where(visible, qk, float("-inf"))
     # m_i starts finite (-1e30), so fully masked rows give p = 0 and alpha = 1, never NaN.
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
+    p = tl.exp2(qk * qk_scale - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
