@@ -7,6 +7,7 @@ reference's logit margin between its top two tokens at that position (a near-tie
 expected reason). Writes `benchmarks/results/<UTC stamp>-gpu-equivalence/`.
 
     python benchmarks/gpu_equivalence.py [--model configs/qwen2.5-7b] [--num-requests 32]
+        [--extra]  # also flex, and --attention-backend-benchmark, each against torch
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ SETTINGS = {
     "torch-eager": dict(attention_backend="torch", enforce_eager=True),
     "triton-eager": dict(attention_backend="triton", enforce_eager=True),
     "triton-graphs": dict(attention_backend="triton", enforce_eager=False),
+    # --extra: FlexAttention, and the start-up benchmark choosing among the usable backends
+    "flex-eager": dict(attention_backend="flex", enforce_eager=True),
+    "auto-benchmark": dict(attention_backend="auto", attention_backend_benchmark=True),
 }
+BASE_SETTINGS = ("torch-eager", "triton-eager", "triton-graphs")
 
 
 def workload(n: int, vocab: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
@@ -41,7 +46,8 @@ def workload(n: int, vocab: int, seed: int = 0) -> tuple[list[list[int]], list[i
 
 
 def run(model: str, setting: dict, prompts, lengths, max_num_seqs: int, dtype: str):
-    """Token ids per request, and per position the margin between the top two logprobs."""
+    """Token ids per request, per position the margin between the top two logprobs, and the
+    attention backend the engine ran with (with the start-up benchmark's timings, if any)."""
     from inferengine import LLM, SamplingParams
 
     llm = LLM(
@@ -59,7 +65,12 @@ def run(model: str, setting: dict, prompts, lengths, max_num_seqs: int, dtype: s
         SamplingParams(temperature=0, max_tokens=m, ignore_eos=True, logprobs=2) for m in lengths
     ]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    del llm
+    executor = llm.llm_engine.core.executor
+    backend = {
+        "name": executor.attention_backend_name,
+        "startup_benchmark_ms": executor.attention_backend_timings_ms,
+    }
+    del llm, executor
     gc.collect()
     torch.cuda.empty_cache()
     tokens = [o.outputs[0].token_ids for o in outputs]
@@ -70,7 +81,7 @@ def run(model: str, setting: dict, prompts, lengths, max_num_seqs: int, dtype: s
             top = sorted((lp for lp in entry.values() if lp.rank in (1, 2)), key=lambda lp: lp.rank)
             per_position.append(top[0].logprob - top[1].logprob if len(top) == 2 else None)
         margins.append(per_position)
-    return tokens, margins
+    return tokens, margins, backend
 
 
 def compare(a: list[list[int]], b: list[list[int]], margins: list[list[float | None]]) -> dict:
@@ -108,14 +119,19 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--out-dir", default=None)
+    parser.add_argument(
+        "--extra", action="store_true",
+        help="also run the flex backend and --attention-backend-benchmark against torch",
+    )  # fmt: skip
     args = parser.parse_args()
     from inferengine.engine.arg_utils import EngineArgs
 
     vocab = EngineArgs(model=args.model).create_engine_config().model_config.vocab_size
     prompts, lengths = workload(args.num_requests, vocab)
+    names = list(SETTINGS) if args.extra else list(BASE_SETTINGS)
     runs = {
-        name: run(args.model, s, prompts, lengths, args.max_num_seqs, args.dtype)
-        for name, s in SETTINGS.items()
+        name: run(args.model, SETTINGS[name], prompts, lengths, args.max_num_seqs, args.dtype)
+        for name in names
     }
     tokens = {name: r[0] for name, r in runs.items()}
     results = {
@@ -130,15 +146,21 @@ def main() -> None:
         "graphs_vs_eager": compare(
             tokens["triton-eager"], tokens["triton-graphs"], runs["triton-eager"][1]
         ),
+        "backends": {name: r[2] for name, r in runs.items()},
         "tokens": tokens,
     }
+    for name in names[len(BASE_SETTINGS) :]:
+        results[f"{name}_vs_torch"] = compare(
+            tokens["torch-eager"], tokens[name], runs["torch-eager"][1]
+        )
     folder = write_result_folder(f"gpu-equivalence-{args.dtype}", results, args.out_dir)
-    for key in ("triton_vs_torch", "graphs_vs_eager"):
+    for key in [k for k in results if k.endswith(("_vs_torch", "_vs_eager"))]:
         r = results[key]
         print(
             f"{key}: {r['requests_identical']}/{r['requests']} requests identical, "
             f"{r['tokens_before_first_divergence_rate']:.4f} of tokens before a divergence"
         )
+    print("backends:", results["backends"])
     print(f"results: {folder}")
 
 

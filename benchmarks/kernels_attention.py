@@ -317,7 +317,8 @@ def sweep(args) -> dict:
             rows.append(row)
         del batch
     for b, chunk in prefill_points:
-        batch = build_batch([chunk] * b, [chunk] * b, args.block_size)
+        # As the engine calls it: the chunk's own keys from the fused QKV rows.
+        batch, fresh = with_fused_qkv(build_batch([chunk] * b, [chunk] * b, args.block_size))
         rows = out.setdefault(f"prefill b={b} chunk={chunk}", [])
         flops = 4 * D * HQ * b * chunk * (chunk + 1) // 2
         # One query head per tile (FlashAttention's layout), and the whole GQA group per tile.
@@ -328,11 +329,13 @@ def sweep(args) -> dict:
         for cfg in grid:
             row = {"config": astuple(cfg)}
             if ms := attempt(
-                row, "ours", ours(batch, chunk, chunk, prefill_config=cfg), args.repeats
-            ):
+                row, "ours",
+                ours(batch, chunk, chunk, min_query_len=chunk, prefill_config=cfg, **fresh),
+                args.repeats,
+            ):  # fmt: skip
                 row["TFLOPs"] = flops / ms / 1e9
             rows.append(row)
-        del batch
+        del batch, fresh
     for name, rows in out.items():
         key = "GBps" if name.startswith("decode") else "TFLOPs"
         best = sorted((r for r in rows if key in r), key=lambda r: -r[key])[:5]
