@@ -1,0 +1,126 @@
+"""One-time costs after start-up: how long do the first bursts of new prompts take to reach
+their first token, and what compiles or allocates on the way?
+
+Starts the engine as the W1 paired run serves it (dummy weights, --max-model-len 2048), warms
+it up as `bench serve --num-warmups 16` does (one prompt sent 16 times), then sends bursts of
+16 different random prompts (128-384 tokens, one output token each) one after another. For
+each burst it records the wall time, the Triton kernels compiled during it and the growth of
+the CUDA caching allocator. A first burst much slower than the later ones is a cost the
+start-up warm-up should have paid. Writes `benchmarks/results/<UTC stamp>-first-burst/`.
+
+    python benchmarks/first_burst.py [--model configs/qwen2.5-7b] [--bursts 4] [--out-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from result_folder import write_result_folder
+
+COMPILES: list[dict] = []
+
+
+def _record_compile(*args, **kwargs) -> bool:
+    """Triton's JIT cache hook: called before each kernel variant is compiled (or loaded
+    from the disk cache); returning False lets the compile go on."""
+    fn = kwargs.get("fn")
+    name = getattr(getattr(fn, "jit_function", fn), "__name__", None) or str(fn)
+    COMPILES.append({"kernel": name, "t": time.perf_counter(), "key": str(kwargs.get("key"))[:300]})
+    return False
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="configs/qwen2.5-7b")
+    parser.add_argument("--bursts", type=int, default=4)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--burst-size", type=int, default=16)
+    parser.add_argument("--out-dir", default=None)
+    args = parser.parse_args()
+
+    from triton import knobs
+
+    from inferengine import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(
+        args.model,
+        load_format="dummy",
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=0.82,
+    )
+    ready_s = time.perf_counter() - t0
+    vocab = llm.llm_engine.core.config.model_config.vocab_size
+    steps: list[float] = []
+    engine_step = llm.llm_engine.step
+
+    def timed_step():
+        start = time.perf_counter()
+        out = engine_step()
+        steps.append((time.perf_counter() - start) * 1e3)
+        return out
+
+    llm.llm_engine.step = timed_step
+    rng = random.Random(0)
+
+    def prompts(n: int, same: bool = False) -> list[dict]:
+        first = [rng.randrange(vocab) for _ in range(rng.randint(128, 384))]
+        out = []
+        for _ in range(n):
+            ids = first if same else [rng.randrange(vocab) for _ in range(rng.randint(128, 384))]
+            out.append({"prompt_token_ids": ids})
+        return out
+
+    def run(batch: list[dict], max_tokens: int) -> dict:
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.synchronize()
+        reserved = torch.cuda.memory_reserved() if cuda else 0
+        start = time.perf_counter()
+        first_compile = len(COMPILES)
+        steps.clear()
+        llm.generate(batch, params, use_tqdm=False)
+        wall = time.perf_counter() - start
+        compiled = COMPILES[first_compile:]
+        return {
+            "prompt_tokens": sum(len(p["prompt_token_ids"]) for p in batch),
+            "wall_ms": wall * 1e3,
+            "compiles": [
+                {"kernel": c["kernel"], "at_ms": (c["t"] - start) * 1e3} for c in compiled
+            ],
+            "compile_keys": [c["key"] for c in compiled],
+            "engine_steps_ms": list(steps),
+            "reserved_growth_MiB": ((torch.cuda.memory_reserved() if cuda else 0) - reserved)
+            / 2**20,
+        }
+
+    knobs.runtime.jit_cache_hook = _record_compile
+    results: dict = {"model": args.model, "ready_s": ready_s, "warmup": None, "bursts": []}
+    results["warmup"] = run(prompts(args.burst_size, same=True), 64)
+    print(f"warm-up: {results['warmup']['wall_ms']:.1f} ms", flush=True)
+    for i in range(args.bursts):
+        burst = run(prompts(args.burst_size), 1)
+        results["bursts"].append(burst)
+        kernels = sorted({c["kernel"] for c in burst["compiles"]})
+        print(
+            f"burst {i}: {burst['prompt_tokens']} tokens, {burst['wall_ms']:.1f} ms, "
+            f"steps {[round(x, 1) for x in burst['engine_steps_ms']]} ms, compiled {kernels}, "
+            f"allocator +{burst['reserved_growth_MiB']:.0f} MiB",
+            flush=True,
+        )
+    knobs.runtime.jit_cache_hook = None
+    folder = write_result_folder("first-burst", results, args.out_dir)
+    print(f"results: {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
