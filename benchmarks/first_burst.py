@@ -43,6 +43,14 @@ def main() -> int:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--burst-size", type=int, default=16)
     parser.add_argument("--out-dir", default=None)
+    parser.add_argument(
+        "--sync-debug", action="store_true",
+        help="record where the bursts make the host wait for the GPU (torch sync debug mode)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--profile", action="store_true",
+        help="profile the last burst: the host operations that took longest, in results.json",
+    )  # fmt: skip
     args = parser.parse_args()
 
     from triton import knobs
@@ -68,6 +76,29 @@ def main() -> int:
         return out
 
     llm.llm_engine.step = timed_step
+    # Host time to launch each step: a launch that waits for the GPU shows up here.
+    launches: list[float] = []
+    executor = llm.llm_engine.core.executor
+    execute_async = executor.execute_model_async
+
+    def timed_launch(scheduler_output):
+        start = time.perf_counter()
+        out = execute_async(scheduler_output)
+        launches.append((time.perf_counter() - start) * 1e3)
+        return out
+
+    executor.execute_model_async = timed_launch
+    syncs: list[str] = []
+    if args.sync_debug:
+        import traceback
+        import warnings
+
+        def record(message, category, filename, lineno, file=None, line=None):
+            where = [f for f in traceback.format_stack()[:-1] if "inferengine" in f]
+            syncs.append(f"{message}\n" + "".join(where[-4:]))
+
+        warnings.showwarning = record
+        warnings.simplefilter("always")
     rng = random.Random(0)
 
     def prompts(n: int, same: bool = False) -> list[dict]:
@@ -87,8 +118,25 @@ def main() -> int:
         start = time.perf_counter()
         first_compile = len(COMPILES)
         steps.clear()
+        launches.clear()
+        syncs.clear()
+        stats = torch.cuda.memory_stats() if cuda else {}
+        if args.sync_debug and cuda:
+            torch.cuda.set_sync_debug_mode("warn")
         llm.generate(batch, params, use_tqdm=False)
         wall = time.perf_counter() - start
+        if cuda:
+            torch.cuda.set_sync_debug_mode(0)
+        after = torch.cuda.memory_stats() if cuda else {}
+        allocator = {
+            k: after.get(k, 0) - stats.get(k, 0)
+            for k in (
+                "num_alloc_retries",
+                "num_device_alloc",
+                "num_device_free",
+                "num_sync_all_streams",
+            )
+        }
         compiled = COMPILES[first_compile:]
         return {
             "prompt_tokens": sum(len(p["prompt_token_ids"]) for p in batch),
@@ -98,6 +146,9 @@ def main() -> int:
             ],
             "compile_keys": [c["key"] for c in compiled],
             "engine_steps_ms": list(steps),
+            "launch_ms": list(launches),
+            "allocator_events": allocator,
+            "host_syncs": sorted(set(syncs)),
             "reserved_growth_MiB": ((torch.cuda.memory_reserved() if cuda else 0) - reserved)
             / 2**20,
         }
@@ -107,15 +158,29 @@ def main() -> int:
     results["warmup"] = run(prompts(args.burst_size, same=True), 64)
     print(f"warm-up: {results['warmup']['wall_ms']:.1f} ms", flush=True)
     for i in range(args.bursts):
-        burst = run(prompts(args.burst_size), 1)
+        batch = prompts(args.burst_size)
+        if args.profile and i == args.bursts - 1:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                burst = run(batch, 1)
+            table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+            results["profile_host_ops"] = table
+            print(table, flush=True)
+        else:
+            burst = run(batch, 1)
         results["bursts"].append(burst)
         kernels = sorted({c["kernel"] for c in burst["compiles"]})
         print(
             f"burst {i}: {burst['prompt_tokens']} tokens, {burst['wall_ms']:.1f} ms, "
-            f"steps {[round(x, 1) for x in burst['engine_steps_ms']]} ms, compiled {kernels}, "
+            f"steps {[round(x, 1) for x in burst['engine_steps_ms']]} ms, launches "
+            f"{[round(x, 1) for x in burst['launch_ms']]} ms, {burst['allocator_events']}, "
+            f"{len(burst['host_syncs'])} sync sites, compiled {kernels}, "
             f"allocator +{burst['reserved_growth_MiB']:.0f} MiB",
             flush=True,
         )
+        for site in burst["host_syncs"][:4]:
+            print("  sync:", site, flush=True)
     knobs.runtime.jit_cache_hook = None
     folder = write_result_folder("first-burst", results, args.out_dir)
     print(f"results: {folder}")
