@@ -17,6 +17,8 @@ import argparse
 import random
 import sys
 import time
+import traceback
+import warnings
 from pathlib import Path
 
 import torch
@@ -25,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from result_folder import write_result_folder
 
 COMPILES: list[dict] = []
+ALLOCATOR_EVENTS = ("num_alloc_retries", "num_device_alloc", "num_device_free")
 
 
 def _record_compile(*args, **kwargs) -> bool:
@@ -34,6 +37,75 @@ def _record_compile(*args, **kwargs) -> bool:
     name = getattr(getattr(fn, "jit_function", fn), "__name__", None) or str(fn)
     COMPILES.append({"kernel": name, "t": time.perf_counter(), "key": str(kwargs.get("key"))[:300]})
     return False
+
+
+class Probe:
+    """Wraps the engine's step and the executor's launch to time them, and collects the
+    host syncs torch reports while `sync_debug` is on."""
+
+    def __init__(self, llm, sync_debug: bool):
+        self.llm = llm
+        self.sync_debug = sync_debug and torch.cuda.is_available()
+        self.steps: list[float] = []
+        self.launches: list[float] = []
+        self.syncs: list[str] = []
+        llm.llm_engine.step = self._timed(llm.llm_engine.step, self.steps)
+        executor = llm.llm_engine.core.executor
+        executor.execute_model_async = self._timed(executor.execute_model_async, self.launches)
+        if self.sync_debug:
+            warnings.showwarning = self._record_sync
+            warnings.simplefilter("always")
+
+    @staticmethod
+    def _timed(fn, into: list[float]):
+        def timed(*args):
+            start = time.perf_counter()
+            out = fn(*args)
+            into.append((time.perf_counter() - start) * 1e3)
+            return out
+
+        return timed
+
+    def _record_sync(self, message, category, filename, lineno, file=None, line=None):
+        where = [f for f in traceback.format_stack()[:-1] if "inferengine" in f]
+        self.syncs.append(f"{message}\n" + "".join(where[-4:]))
+
+    def run(self, batch: list[dict], max_tokens: int) -> dict:
+        """Generate for `batch` and report what happened on the way."""
+        from inferengine import SamplingParams
+
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.synchronize()
+        stats = torch.cuda.memory_stats() if cuda else {}
+        reserved = torch.cuda.memory_reserved() if cuda else 0
+        for kept in (self.steps, self.launches, self.syncs):
+            kept.clear()
+        first_compile = len(COMPILES)
+        if self.sync_debug:
+            torch.cuda.set_sync_debug_mode("warn")
+        start = time.perf_counter()
+        self.llm.generate(batch, params, use_tqdm=False)
+        wall = time.perf_counter() - start
+        if self.sync_debug:
+            torch.cuda.set_sync_debug_mode(0)
+        after = torch.cuda.memory_stats() if cuda else {}
+        compiled = COMPILES[first_compile:]
+        return {
+            "prompt_tokens": sum(len(p["prompt_token_ids"]) for p in batch),
+            "wall_ms": wall * 1e3,
+            "compiles": [
+                {"kernel": c["kernel"], "at_ms": (c["t"] - start) * 1e3} for c in compiled
+            ],
+            "compile_keys": [c["key"] for c in compiled],
+            "engine_steps_ms": list(self.steps),
+            "launch_ms": list(self.launches),
+            "allocator_events": {k: after.get(k, 0) - stats.get(k, 0) for k in ALLOCATOR_EVENTS},
+            "host_syncs": sorted(set(self.syncs)),
+            "reserved_growth_MiB": ((torch.cuda.memory_reserved() if cuda else 0) - reserved)
+            / 2**20,
+        }
 
 
 def main() -> int:
@@ -55,50 +127,16 @@ def main() -> int:
 
     from triton import knobs
 
-    from inferengine import LLM, SamplingParams
+    from inferengine import LLM
 
     t0 = time.perf_counter()
     llm = LLM(
-        args.model,
-        load_format="dummy",
-        max_model_len=args.max_model_len,
+        args.model, load_format="dummy", max_model_len=args.max_model_len,
         gpu_memory_utilization=0.82,
-    )
+    )  # fmt: skip
     ready_s = time.perf_counter() - t0
+    probe = Probe(llm, args.sync_debug)
     vocab = llm.llm_engine.core.config.model_config.vocab_size
-    steps: list[float] = []
-    engine_step = llm.llm_engine.step
-
-    def timed_step():
-        start = time.perf_counter()
-        out = engine_step()
-        steps.append((time.perf_counter() - start) * 1e3)
-        return out
-
-    llm.llm_engine.step = timed_step
-    # Host time to launch each step: a launch that waits for the GPU shows up here.
-    launches: list[float] = []
-    executor = llm.llm_engine.core.executor
-    execute_async = executor.execute_model_async
-
-    def timed_launch(scheduler_output):
-        start = time.perf_counter()
-        out = execute_async(scheduler_output)
-        launches.append((time.perf_counter() - start) * 1e3)
-        return out
-
-    executor.execute_model_async = timed_launch
-    syncs: list[str] = []
-    if args.sync_debug:
-        import traceback
-        import warnings
-
-        def record(message, category, filename, lineno, file=None, line=None):
-            where = [f for f in traceback.format_stack()[:-1] if "inferengine" in f]
-            syncs.append(f"{message}\n" + "".join(where[-4:]))
-
-        warnings.showwarning = record
-        warnings.simplefilter("always")
     rng = random.Random(0)
 
     def prompts(n: int, same: bool = False) -> list[dict]:
@@ -109,53 +147,9 @@ def main() -> int:
             out.append({"prompt_token_ids": ids})
         return out
 
-    def run(batch: list[dict], max_tokens: int) -> dict:
-        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-        cuda = torch.cuda.is_available()
-        if cuda:
-            torch.cuda.synchronize()
-        reserved = torch.cuda.memory_reserved() if cuda else 0
-        start = time.perf_counter()
-        first_compile = len(COMPILES)
-        steps.clear()
-        launches.clear()
-        syncs.clear()
-        stats = torch.cuda.memory_stats() if cuda else {}
-        if args.sync_debug and cuda:
-            torch.cuda.set_sync_debug_mode("warn")
-        llm.generate(batch, params, use_tqdm=False)
-        wall = time.perf_counter() - start
-        if cuda:
-            torch.cuda.set_sync_debug_mode(0)
-        after = torch.cuda.memory_stats() if cuda else {}
-        allocator = {
-            k: after.get(k, 0) - stats.get(k, 0)
-            for k in (
-                "num_alloc_retries",
-                "num_device_alloc",
-                "num_device_free",
-                "num_sync_all_streams",
-            )
-        }
-        compiled = COMPILES[first_compile:]
-        return {
-            "prompt_tokens": sum(len(p["prompt_token_ids"]) for p in batch),
-            "wall_ms": wall * 1e3,
-            "compiles": [
-                {"kernel": c["kernel"], "at_ms": (c["t"] - start) * 1e3} for c in compiled
-            ],
-            "compile_keys": [c["key"] for c in compiled],
-            "engine_steps_ms": list(steps),
-            "launch_ms": list(launches),
-            "allocator_events": allocator,
-            "host_syncs": sorted(set(syncs)),
-            "reserved_growth_MiB": ((torch.cuda.memory_reserved() if cuda else 0) - reserved)
-            / 2**20,
-        }
-
     knobs.runtime.jit_cache_hook = _record_compile
     results: dict = {"model": args.model, "ready_s": ready_s, "warmup": None, "bursts": []}
-    results["warmup"] = run(prompts(args.burst_size, same=True), 64)
+    results["warmup"] = probe.run(prompts(args.burst_size, same=True), 64)
     print(f"warm-up: {results['warmup']['wall_ms']:.1f} ms", flush=True)
     for i in range(args.bursts):
         batch = prompts(args.burst_size)
@@ -163,12 +157,12 @@ def main() -> int:
             from torch.profiler import ProfilerActivity, profile
 
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                burst = run(batch, 1)
+                burst = probe.run(batch, 1)
             table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
             results["profile_host_ops"] = table
             print(table, flush=True)
         else:
-            burst = run(batch, 1)
+            burst = probe.run(batch, 1)
         results["bursts"].append(burst)
         kernels = sorted({c["kernel"] for c in burst["compiles"]})
         print(
