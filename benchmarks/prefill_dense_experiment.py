@@ -5,7 +5,7 @@ Times a FlashAttention-layout kernel (one query head per program, BLOCK_M tokens
 loads and with TMA descriptor loads, beside our paged kernel and torch SDPA, at chunk 2k for
 batch 1 and 4 (Qwen2.5-7B heads), and checks each against SDPA. Writes a result folder.
 
-    python benchmarks/prefill_dense_experiment.py [--out-dir DIR]
+    python benchmarks/prefill_dense_experiment.py [--quick] [--out-dir DIR]
 """
 
 from __future__ import annotations
@@ -22,10 +22,20 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels_attention import HKV, HQ, SCALE, D, build_batch, ours, reference_rates, time_ms
+from kernels_attention import (
+    HKV,
+    HQ,
+    SCALE,
+    D,
+    build_batch,
+    ours,
+    reference_rates,
+    time_ms,
+    with_fused_qkv,
+)  # fmt: skip
 from result_folder import write_result_folder
 
-from inferengine.kernels.attention_kernels import _find_seq
+from inferengine.kernels.attention_kernels import _find_seq, paged_attention_kernel
 
 LOG2E = 1.4426950408889634
 
@@ -106,6 +116,26 @@ def dense_prefill_kernel(
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=(offs_m < q_len)[:, None])
 
 
+def compiled_resources(jit_fn) -> list[dict]:
+    """Registers, spills and shared memory of every variant of `jit_fn` compiled so far: what
+    decides how many programs share an SM."""
+    out = []
+    for cache in jit_fn.device_caches.values():
+        for kernel in cache[0].values():
+            kernel._init_handles()
+            out.append(
+                {
+                    "regs": kernel.n_regs,
+                    "spills": kernel.n_spills,
+                    "shared_bytes": kernel.metadata.shared,
+                    "num_warps": kernel.metadata.num_warps,
+                    "num_stages": kernel.metadata.num_stages,
+                    "constants": str(kernel.src.constants)[:400] if hasattr(kernel, "src") else "",
+                }
+            )
+    return out
+
+
 def dense_call(q2, k2, v2, out2, qsl, num_seqs, cfg, tma: bool, ws: bool = False):
     bm, bn, warps, stages = cfg
     if tma:
@@ -135,6 +165,11 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out-dir")
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="only the best config, with and without warp specialization",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     results: dict = {"configs": CONFIGS, "rows": []}
@@ -157,6 +192,12 @@ def main() -> int:
             row = {"batch": b, "chunk": chunk}
             ms, _ = time_ms(ours(batch, chunk, chunk), args.repeats)
             row["paged_TFLOPs"] = flops / ms / 1e9
+            # As the engine calls it: the chunk's own keys from the fused QKV rows (TMA).
+            fused, fresh = with_fused_qkv(batch)
+            call = ours(fused, chunk, chunk, min_query_len=chunk, **fresh)
+            ms, _ = time_ms(call, args.repeats)
+            row["ours_TFLOPs"] = flops / ms / 1e9
+            del fused, fresh
             sdpa = partial(
                 F.scaled_dot_product_attention, q4, k4, v4, is_causal=True, scale=SCALE,
                 enable_gqa=True,
@@ -164,7 +205,7 @@ def main() -> int:
             ms, _ = time_ms(sdpa, args.repeats)
             row["sdpa_TFLOPs"] = flops / ms / 1e9
             for tma in (True,):
-                for *cfg, ws in CONFIGS:
+                for *cfg, ws in CONFIGS if not args.quick else [CONFIGS[0], CONFIGS[5]]:
                     key = f"{'tma' if tma else 'ptr'} {tuple(cfg)}{' ws' if ws else ''}"
                     out2 = torch.full(
                         (t, HQ * D), float("nan"), dtype=torch.bfloat16, device="cuda"
@@ -180,6 +221,13 @@ def main() -> int:
                     print(key, b, row[key], flush=True)
             results["rows"].append(row)
             print({k: v for k, v in row.items() if "TFLOPs" in k}, flush=True)
+        results["resources"] = {
+            "paged_attention_kernel": compiled_resources(paged_attention_kernel),
+            "dense_prefill_kernel": compiled_resources(dense_prefill_kernel),
+        }
+        for name, variants in results["resources"].items():
+            for v in variants:
+                print(name, {k: v[k] for k in ("regs", "spills", "shared_bytes", "num_warps")})
     except Exception:
         results["error"] = traceback.format_exc()
         print(results["error"])
