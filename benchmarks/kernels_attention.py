@@ -3,7 +3,9 @@ beside torch SDPA and FlexAttention on the same data, with the device's copy ban
 matmul rate as yardsticks. Qwen2.5-7B heads (28 query, 4 KV, head dim 128), bf16.
 
 Prefill is timed as the engine calls it, the chunk's keys read from the fused QKV rows of the
-step (`ours`), and with every key read through the block table (`ours_paged_only`).
+step (`ours`), and with every key read through the block table (`ours_paged_only`); the
+`prefill_context` rows add earlier context read through the block table (chunked prefill, prefix
+hits), beside SDPA with the equivalent boolean mask.
 Every timed call runs inside a CUDA graph (as decode does in the engine), medians of several
 replays after warm-up, on random non-zero data. Writes
 `benchmarks/results/<UTC stamp>-kernels-attention/` (or under `--out-dir`).
@@ -44,6 +46,8 @@ PREFILL_CHUNKS = (256, 512, 1024, 2048, 4096, 8192)
 PREFILL_TOKENS = 8192  # the batched prefill rows fill a step with this many tokens
 FLEX_DECODE = {(1, 32768), (16, 4096), (64, 4096), (256, 1024)}
 FLEX_PREFILL = {512, 2048, 8192}
+# Chunked prefill and prefix hits: (batch, chunk, context before the chunk)
+CONTEXT_PREFILL = ((1, 2048, 6144), (4, 2048, 6144), (8, 512, 3584))
 GOAL_DECODE = (64, 4096, 0.70)  # batch, context, fraction of copy bandwidth
 GOAL_PREFILL = (2048, 0.50)  # chunk, fraction of the matmul rate
 
@@ -293,6 +297,38 @@ def bench_prefill(args, rates: dict, chunks) -> list[dict]:
     return rows
 
 
+def bench_prefill_context(args, rates: dict, points) -> list[dict]:
+    rows = []
+    for b, chunk, context in points:
+        seq = context + chunk
+        flops = 4 * D * HQ * b * (chunk * (chunk + 1) // 2 + chunk * context)
+        row = {"batch": b, "chunk": chunk, "context": context, "flops": flops}
+        rows.append(row)
+        batch = build_batch([chunk] * b, [seq] * b, args.block_size)
+        fused, fresh = with_fused_qkv(batch)
+        call = ours(fused, chunk, seq, min_query_len=chunk, **fresh)
+        if ms := attempt(row, "ours", call, args.repeats):
+            row["ours_TFLOPs"] = flops / ms / 1e9
+            row["ours_fraction_of_matmul"] = row["ours_TFLOPs"] / rates["matmul_TFLOPs"]
+        del fused, fresh
+        k, v = dense_kv(batch, seq)
+        q4 = batch.q.view(b, chunk, HQ, D).transpose(1, 2).contiguous()
+        visible = torch.arange(seq, device=DEVICE)[None, :] <= (
+            context + torch.arange(chunk, device=DEVICE)[:, None]
+        )
+        sdpa = partial(
+            F.scaled_dot_product_attention, q4, k, v, attn_mask=visible, scale=SCALE,
+            enable_gqa=True,
+        )  # fmt: skip
+        if ms := attempt(row, "sdpa", sdpa, args.repeats):
+            row["sdpa_TFLOPs"] = flops / ms / 1e9
+        del batch, k, v, q4
+        torch.cuda.empty_cache()
+        print(f"prefill b={b} chunk={chunk} context={context}: "
+              f"{row.get('ours_ms', float('nan')):.4f} ms", flush=True)  # fmt: skip
+    return rows
+
+
 def sweep(args) -> dict:
     """Times a grid of tile configs and split counts at the points the goals name, to choose
     the fixed tables in paged_attention.py."""
@@ -382,6 +418,10 @@ def print_tables(results: dict) -> None:
         print(f"{label:>14} {r.get('ours_ms', math.nan) * 1e3:9.1f} {r.get('ours_TFLOPs', math.nan):8.0f} "
               f"{100 * r.get('ours_fraction_of_matmul', math.nan):5.1f}% {r.get('sdpa_TFLOPs', math.nan):10.0f} "
               f"{r.get('flex_TFLOPs', math.nan):10.0f}")  # fmt: skip
+    for r in results.get("prefill_context", []):
+        label = f"b{r['batch']} c{r['chunk']}+{r['context']}"
+        print(f"{label:>14} {r.get('ours_ms', math.nan) * 1e3:9.1f} {r.get('ours_TFLOPs', math.nan):8.0f} "
+              f"{100 * r.get('ours_fraction_of_matmul', math.nan):5.1f}% {r.get('sdpa_TFLOPs', math.nan):10.0f}")  # fmt: skip
     for goal in results.get("goals", []):
         print(f"goal {goal['name']}: {'met' if goal['met'] else 'NOT met'} ({goal['value']:.2f})")
 
@@ -451,6 +491,9 @@ def main() -> int:
                 )  # fmt: skip
                 results["prefill"] = bench_prefill(
                     args, results["reference"], (512, 2048) if quick else PREFILL_CHUNKS
+                )
+                results["prefill_context"] = bench_prefill_context(
+                    args, results["reference"], CONTEXT_PREFILL
                 )
                 results["goals"] = goals(results)
         except Exception:

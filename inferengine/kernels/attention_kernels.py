@@ -259,8 +259,10 @@ def paged_attention_kernel(
 
     if FRESH != 0:
         # Context keys, all visible to every row, from the pages; then the chunk's own keys.
+        # Two stages for the paged loads: faster than the launch's three with context (11-15%
+        # on the H100) and without (the empty loops' pipelining slows the fresh loops too).
         ctx_full = (context_len // BLOCK_N) * BLOCK_N
-        for start_n in range(0, ctx_full, BLOCK_N):
+        for start_n in tl.range(0, ctx_full, BLOCK_N, num_stages=2):
             acc, l_i, m_i = _attend_kv_tile(
                 acc, l_i, m_i, q, k_head_ptr, v_head_ptr, block_table_row_ptr, start_n,
                 context_len, q_pos, 0, qk_scale, stride_kb, stride_kt, offs_n, offs_d,
@@ -268,7 +270,7 @@ def paged_attention_kernel(
             )  # fmt: skip
         # The partial last context tile: positions past the context are the chunk's, not here.
         ctx_last = tl.minimum(q_pos, context_len - 1)
-        for start_n in range(ctx_full, context_len, BLOCK_N):
+        for start_n in tl.range(ctx_full, context_len, BLOCK_N, num_stages=2):
             acc, l_i, m_i = _attend_kv_tile(
                 acc, l_i, m_i, q, k_head_ptr, v_head_ptr, block_table_row_ptr, start_n,
                 context_len, ctx_last, 0, qk_scale, stride_kb, stride_kt, offs_n, offs_d,
