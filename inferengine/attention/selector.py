@@ -23,6 +23,16 @@ def _triton_usable(device: str) -> bool:
     return device == "cuda" and triton_available()
 
 
+def triton_unsupported_reason(shape: AttentionShape) -> str | None:
+    """Why the Triton kernels cannot run this model's attention (None: they can). Checked at
+    start-up so an unsupported shape takes the torch path, never an error mid-request."""
+    from inferengine.kernels.paged_attention import supports_head_dim
+
+    if not supports_head_dim(shape.head_dim):
+        return f"head dim {shape.head_dim} is above the Triton kernels' 256"
+    return None
+
+
 def _torch() -> AttentionBackend:
     from inferengine.attention.backends.torch_ref import TorchAttentionBackend
 
@@ -46,12 +56,14 @@ def _flex() -> AttentionBackend:
     return FlexAttentionBackend()
 
 
-def usable_backends(device: str) -> dict[str, Callable[[], AttentionBackend]]:
-    """Constructors of the backends that can run on `device`, preferred first."""
+def usable_backends(
+    device: str, shape: AttentionShape
+) -> dict[str, Callable[[], AttentionBackend]]:
+    """Constructors of the backends that can run `shape` on `device`, preferred first."""
     from inferengine.attention.backends.flex import flex_available
 
     backends: dict[str, Callable[[], AttentionBackend]] = {}
-    if _triton_usable(device):
+    if _triton_usable(device) and triton_unsupported_reason(shape) is None:
         backends["triton"] = _triton
     backends["torch"] = _torch
     if flex_available():
@@ -59,17 +71,29 @@ def usable_backends(device: str) -> dict[str, Callable[[], AttentionBackend]]:
     return backends
 
 
-def get_attention_backend(name: str, device: str) -> AttentionBackend:
+def get_attention_backend(
+    name: str, device: str, shape: AttentionShape | None = None
+) -> AttentionBackend:
+    """The backend `name` for `device`; `auto` is Triton on CUDA unless it cannot run
+    `shape`, where it falls back to the torch reference (logged)."""
     if name not in ATTENTION_BACKENDS:
         raise ConfigError(
             f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}; got {name!r}."
         )
+    why_not = triton_unsupported_reason(shape) if shape is not None else None
     if name == "auto":
-        name = "triton" if _triton_usable(device) else "torch"
+        name = "triton" if _triton_usable(device) and why_not is None else "torch"
+        if _triton_usable(device) and why_not is not None:
+            logger.warning("attention: %s, so the torch reference runs it (slower)", why_not)
     if name == "triton" and not _triton_usable(device):
         raise ConfigError(
             f"--attention-backend triton needs a CUDA device and triton; this engine runs on "
             f"{device}. Use --attention-backend auto."
+        )
+    if name == "triton" and why_not is not None:
+        raise ConfigError(
+            f"--attention-backend triton cannot run this model: {why_not}. Use "
+            "--attention-backend auto (the torch reference) or flex."
         )
     return {"torch": _torch, "triton": _triton, "flex": _flex}[name]()
 
@@ -79,14 +103,15 @@ def select_attention_backend(
 ) -> tuple[AttentionBackend, dict[str, float]]:
     """The backend to build the model with, and the benchmark's timings (ms) if one ran."""
     if not benchmark:
-        return get_attention_backend(name, device.type), {}
+        return get_attention_backend(name, device.type, shape), {}
     if name != "auto":
         logger.warning(
             "--attention-backend %s given: it wins over --attention-backend-benchmark", name
         )
-        return get_attention_backend(name, device.type), {}
-    choice = choose_backend(shape, device, usable_backends(device.type), envs.cache_dir())
-    backend = get_attention_backend(choice.backend, device.type)
+        return get_attention_backend(name, device.type, shape), {}
+    backends = usable_backends(device.type, shape)
+    choice = choose_backend(shape, device, backends, envs.cache_dir())
+    backend = get_attention_backend(choice.backend, device.type, shape)
     if device.type == "cuda" and not backend.cuda_graph_safe:
         logger.warning(
             "attention benchmark chose %s: decode steps run without CUDA graphs", backend.name

@@ -86,12 +86,12 @@ def _attend_kv_tile(
 @triton.jit
 def _attend_fresh_tile(
     acc, l_i, m_i, q, fresh_k, fresh_v, q_start, start_j, q_len, context_len, q_pos, kv_head,
-    stride_ft, stride_fh, qk_scale, offs_n, offs_d, HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr, FRESH: tl.constexpr,
+    stride_fkt, stride_fkh, stride_fvt, stride_fvh, qk_scale, offs_n, offs_d,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr, FRESH: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """As _attend_kv_tile for keys start_j .. start_j + BLOCK_N - 1 of this step's own tokens
-    (positions context_len + j), read from the step's contiguous K/V instead of the pages:
+    (positions context_len + j), read from the step's own K/V rows instead of the pages:
     rows q_start + j, by pointer (FRESH == 1) or TMA descriptor (FRESH == 2; rows past the
     sequence are other sequences' keys or zeros, and the causal mask drops them)."""
     j = start_j + offs_n
@@ -99,15 +99,16 @@ def _attend_fresh_tile(
         k = fresh_k.load([q_start + start_j, kv_head * HEAD_DIM])
         v = fresh_v.load([q_start + start_j, kv_head * HEAD_DIM])
     else:
-        off = (q_start + j).to(tl.int64)[:, None] * stride_ft + kv_head * stride_fh
-        off = off + offs_d[None, :]
+        row = (q_start + j).to(tl.int64)[:, None]
+        k_off = row * stride_fkt + kv_head * stride_fkh + offs_d[None, :]
+        v_off = row * stride_fvt + kv_head * stride_fvh + offs_d[None, :]
         if MASKED or HEAD_DIM_PAD != HEAD_DIM:
             mask = (j < q_len)[:, None] & (offs_d[None, :] < HEAD_DIM)
-            k = tl.load(fresh_k + off, mask=mask, other=0.0)
-            v = tl.load(fresh_v + off, mask=mask, other=0.0)
+            k = tl.load(fresh_k + k_off, mask=mask, other=0.0)
+            v = tl.load(fresh_v + v_off, mask=mask, other=0.0)
         else:
-            k = tl.load(fresh_k + off)
-            v = tl.load(fresh_v + off)
+            k = tl.load(fresh_k + k_off)
+            v = tl.load(fresh_v + v_off)
     return _softmax_step(
         acc, l_i, m_i, q, k, v, context_len + j, q_pos, 0, qk_scale, MASKED, False, DOT_PRECISION
     )
@@ -166,8 +167,10 @@ def paged_attention_kernel(
     stride_ot,
     stride_oh,
     stride_bt,
-    stride_ft,
-    stride_fh,
+    stride_fkt,
+    stride_fkh,
+    stride_fvt,
+    stride_fvh,
     GROUP: tl.constexpr,
     HEADS_PER_TILE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -191,7 +194,8 @@ def paged_attention_kernel(
     sequence first, so the longest rows start early. FUSED_MERGE: the last split of a
     (sequence, head tile) to finish merges the partials (counters start and end at zero).
     FRESH (prefill path, one split, no window): the keys of this step's tokens come from the
-    contiguous fresh_k/fresh_v [T, Hkv, D] instead of the pages (1: pointers, 2: TMA)."""
+    fresh_k/fresh_v [T, Hkv, D] (each with its own row and head strides) instead of the
+    pages (1: pointers, 2: TMA)."""
     pdl_enter(USE_PDL)
     head_tile = tl.program_id(0)
     pid = tl.program_id(1)
@@ -285,14 +289,14 @@ def paged_attention_kernel(
         for start_j in range(0, fresh_full, BLOCK_N):
             acc, l_i, m_i = _attend_fresh_tile(
                 acc, l_i, m_i, q, fresh_k, fresh_v, q_start, start_j, q_len, context_len, q_pos,
-                kv_head, stride_ft, stride_fh, qk_scale, offs_n, offs_d, HEAD_DIM, HEAD_DIM_PAD,
-                False, FRESH, DOT_PRECISION,
+                kv_head, stride_fkt, stride_fkh, stride_fvt, stride_fvh, qk_scale, offs_n, offs_d,
+                HEAD_DIM, HEAD_DIM_PAD, False, FRESH, DOT_PRECISION,
             )  # fmt: skip
         for start_j in range(fresh_full, last_q + 1, BLOCK_N):
             acc, l_i, m_i = _attend_fresh_tile(
                 acc, l_i, m_i, q, fresh_k, fresh_v, q_start, start_j, q_len, context_len, q_pos,
-                kv_head, stride_ft, stride_fh, qk_scale, offs_n, offs_d, HEAD_DIM, HEAD_DIM_PAD,
-                True, FRESH, DOT_PRECISION,
+                kv_head, stride_fkt, stride_fkh, stride_fvt, stride_fvh, qk_scale, offs_n, offs_d,
+                HEAD_DIM, HEAD_DIM_PAD, True, FRESH, DOT_PRECISION,
             )  # fmt: skip
     else:
         if USE_WINDOW:

@@ -33,8 +33,12 @@ class TileConfig:
 
 
 # Fixed configs keyed by the padded head dim: autotuning is slow and does not mix with graphs.
-# Decode's block_m is a floor; the split path widens it to fit q_len x group rows.
+# Decode's block_m is a floor; the split path widens it to fit q_len x group rows. Head dims
+# pad to a power of two of at least 16 (tl.dot's smallest K); 8 -> 16, 80/96/112 -> 128,
+# 192 -> 256. Past 256 the kernels are not built (`supports_head_dim`): the backend selector
+# takes the torch reference at start-up instead.
 PREFILL_CONFIGS = {
+    16: TileConfig(128, 64, 4, 3),
     32: TileConfig(128, 64, 4, 3),
     64: TileConfig(128, 64, 4, 3),
     # One query head per tile, 64 x 64, 3 stages: best at chunk 2k, batch 1 and 4, with the
@@ -44,6 +48,7 @@ PREFILL_CONFIGS = {
     256: TileConfig(64, 32, 8, 2),
 }
 DECODE_CONFIGS = {
+    16: TileConfig(16, 64, 4, 3),
     32: TileConfig(16, 64, 4, 3),
     64: TileConfig(16, 64, 4, 3),
     128: TileConfig(16, 64, 4, 3),
@@ -56,6 +61,15 @@ SPLIT_PATH_MAX_ROWS = 64
 SPLIT_PROGRAMS_PER_SM = 4
 SPLIT_MIN_TOKENS = 256
 MAX_SPLITS = 128
+
+
+def padded_head_dim(head_dim: int) -> int:
+    return max(16, next_power_of_2(head_dim))
+
+
+def supports_head_dim(head_dim: int) -> bool:
+    """Whether the Triton kernels have tile configs for this head dim."""
+    return padded_head_dim(head_dim) in PREFILL_CONFIGS
 
 
 def num_kv_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, sms: int) -> int:
@@ -95,9 +109,10 @@ def paged_attention(
     `fused_merge=False` merges split-KV partials in a kernel of its own.
 
     `fresh_key`/`fresh_value` [T, Hkv, D]: this step's keys and values as they were written to
-    the cache (e.g. views into the fused QKV output). With them, prefill tiles read the chunk's
-    own keys from these contiguous rows (TMA loads on Hopper, `fresh_tma` overrides) and only
-    the context before the chunk through the block table."""
+    the cache (views into the fused QKV output, or a tensor of its own such as normed keys;
+    each may have its own strides). With them, prefill tiles read the chunk's own keys from
+    these rows (TMA loads on Hopper, `fresh_tma` overrides) and only the context before the
+    chunk through the block table."""
     from inferengine.kernels.attention_kernels import merge_splits_kernel, paged_attention_kernel
 
     num_tokens, num_q_heads, head_dim = q.shape
@@ -113,7 +128,7 @@ def paged_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
 
-    head_dim_pad = max(16, next_power_of_2(head_dim))
+    head_dim_pad = padded_head_dim(head_dim)
     decode_cfg = decode_config or DECODE_CONFIGS[head_dim_pad]
     prefill_cfg = prefill_config or PREFILL_CONFIGS[head_dim_pad]
     split_max_q = max_query_len if max_query_len * group <= SPLIT_PATH_MAX_ROWS else 1
@@ -171,8 +186,10 @@ def paged_attention(
             counter_ptr=counters if counters is not None else out,
             fresh_k=out,
             fresh_v=out,
-            stride_ft=0,
-            stride_fh=0,
+            stride_fkt=0,
+            stride_fkh=0,
+            stride_fvt=0,
+            stride_fvh=0,
             FRESH=0,
             num_splits=splits,
             min_q_len=0,
@@ -247,18 +264,18 @@ def _fresh_kv_args(
     """Kernel arguments for reading the chunk's own keys from `key`/`value`: TMA descriptors
     over [T, Hkv*D] row views where Hopper and the layout allow, else pointers; FRESH=0 (all
     keys through the block table) without them or with a sliding window."""
-    none = dict(fresh_k=q, fresh_v=q, stride_ft=0, stride_fh=0, FRESH=0)
     if key is None or value is None or sliding_window is not None:
-        return none
+        unused = dict(stride_fkt=0, stride_fkh=0, stride_fvt=0, stride_fvh=0)
+        return dict(fresh_k=q, fresh_v=q, FRESH=0, **unused)
     num_tokens, num_kv_heads, head_dim = key.shape
     assert value.shape == key.shape and key.dtype == value.dtype == q.dtype
     assert key.shape[0] == q.shape[0] and key.stride(2) == 1 and value.stride(2) == 1
-    assert key.stride() == value.stride(), "fresh key and value must share one layout"
     tma = (
         hopper_or_later(q)
         and q.dtype in (torch.bfloat16, torch.float16)
         and head_dim == head_dim_pad
         and key.stride(1) == head_dim
+        and value.stride(1) == head_dim
     )
     if tma:
         k2d = key.as_strided((num_tokens, num_kv_heads * head_dim), (key.stride(0), 1))
@@ -266,16 +283,21 @@ def _fresh_kv_args(
         tma = tma_ready(k2d, block_n, head_dim) and tma_ready(v2d, block_n, head_dim)
     if want_tma is not None:
         tma = tma and want_tma
-    common = dict(stride_ft=key.stride(0), stride_fh=key.stride(1))
+    strides = dict(
+        stride_fkt=key.stride(0),
+        stride_fkh=key.stride(1),
+        stride_fvt=value.stride(0),
+        stride_fvh=value.stride(1),
+    )
     if not tma:
-        return dict(fresh_k=key, fresh_v=value, FRESH=1, **common)
+        return dict(fresh_k=key, fresh_v=value, FRESH=1, **strides)
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     return dict(
         fresh_k=TensorDescriptor.from_tensor(k2d, [block_n, head_dim]),
         fresh_v=TensorDescriptor.from_tensor(v2d, [block_n, head_dim]),
         FRESH=2,
-        **common,
+        **strides,
     )
 
 

@@ -8,7 +8,8 @@ from inferengine.kernels.kv_store import store_kv, store_kv_ref
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
-    ("num_kv_heads", "head_dim", "block_size"), [(2, 64, 16), (1, 128, 32), (3, 96, 16)]
+    ("num_kv_heads", "head_dim", "block_size"),
+    [(2, 64, 16), (1, 128, 32), (3, 96, 16), (2, 8, 16), (1, 80, 16), (2, 192, 32)],
 )
 def test_store_kv_matches_reference(gen, device, dtype, num_kv_heads, head_dim, block_size):
     num_tokens, num_blocks, num_q_heads = 11, 6, 2 * num_kv_heads
@@ -39,7 +40,10 @@ def test_store_kv_all_padded_and_empty(gen, device):
     assert cache.eq(0).all()
 
 
-@pytest.mark.parametrize(("num_q_heads", "num_kv_heads", "head_dim"), [(4, 2, 64), (7, 1, 128)])
+@pytest.mark.parametrize(
+    ("num_q_heads", "num_kv_heads", "head_dim"),
+    [(4, 2, 64), (7, 1, 128), (4, 1, 8), (16, 1, 16), (2, 2, 256)],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rotary_store_kv_matches_rotary_then_store(
     gen, device, dtype, num_q_heads, num_kv_heads, head_dim

@@ -260,3 +260,48 @@ def test_prefill_only_batch_skips_the_decode_launch(paged_batch, assert_close):
         dtype=BF16,
     )  # fmt: skip
     check(batch, assert_close, min_query_len=33)
+
+
+# Every head dim real models use beside the test ones (8, 16, 32), each with another GQA shape:
+# MQA, groups 1 to 16, a group that is not a power of two.
+HEAD_DIM_SHAPES = [
+    (4, 1, 8, F32),
+    (16, 1, 16, BF16),
+    (6, 2, 32, F16),
+    (5, 5, 80, BF16),
+    (12, 4, 96, F32),
+    (8, 1, 112, BF16),
+    (16, 2, 192, F32),
+    (4, 2, 256, BF16),
+]
+
+
+@pytest.mark.parametrize(("hq", "hkv", "head_dim", "dtype"), HEAD_DIM_SHAPES)
+def test_every_head_dim_and_group(paged_batch, assert_close, hq, hkv, head_dim, dtype):
+    """Decodes, prefill with fresh keys, a prefix hit, and a sliding window, per head dim."""
+    batch = paged_batch(
+        MIXED_Q, MIXED_SEQ, num_q_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
+        block_size=16, dtype=dtype,
+    )  # fmt: skip
+    key, value = fresh_kv(batch)
+    check(batch, assert_close, fresh_key=key, fresh_value=value, num_splits=2)
+    check(batch, assert_close, sliding_window=24)
+
+
+def test_fresh_key_and_value_in_their_own_layouts(paged_batch, assert_close):
+    """Normed keys (Qwen3's q/k norm) are a tensor of their own while values stay a view into
+    the fused QKV rows: each is read with its own strides."""
+    batch = paged_batch(
+        MIXED_Q, MIXED_SEQ, num_q_heads=8, num_kv_heads=2, head_dim=32, block_size=16,
+        dtype=BF16,
+    )  # fmt: skip
+    key_view, value = fresh_kv(batch)
+    key = key_view.contiguous()
+    assert key.stride() != value.stride()
+    check(batch, assert_close, fresh_key=key, fresh_value=value)
+    check(batch, assert_close, fresh_key=key_view, fresh_value=value.contiguous())
+
+
+def test_head_dims_past_the_tile_configs_are_not_supported():
+    assert all(pa.supports_head_dim(d) for d in (8, 16, 32, 64, 80, 96, 112, 128, 192, 256))
+    assert not pa.supports_head_dim(320) and not pa.supports_head_dim(512)

@@ -14,7 +14,7 @@ def inv_freq(rotary_dim: int, base: float = 10000.0) -> torch.Tensor:
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize(
     ("num_q_heads", "num_kv_heads", "head_dim", "rotary_dim"),
-    [(4, 2, 64, 64), (7, 1, 128, 128), (2, 2, 96, 32)],
+    [(4, 2, 64, 64), (7, 1, 128, 128), (2, 2, 96, 32), (4, 1, 8, 8), (2, 1, 80, 80)],
 )
 def test_rotary_on_fused_qkv(
     gen, device, assert_close, dtype, is_neox, num_q_heads, num_kv_heads, head_dim, rotary_dim
