@@ -1,0 +1,40 @@
+#!/bin/bash
+# The GPU test suite on the offline GPU host (device tool), as run for the README: installs the
+# wheels carried in .whl (../shared/gpu/wheelhouse.sh), runs pytest and writes a
+# `<UTC stamp>-gpu-tests` result folder (log, JUnit XML, summary, command, environment) to $OUT.
+#   bash benchmarks/gpu_tests.sh                 # pytest -m gpu tests/
+#   bash benchmarks/gpu_tests.sh tests/kernels   # any pytest arguments instead
+# GIT_REV=<revision> names the working tree in command.txt (the host's copy has no .git).
+set -u
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+args=("$@")
+[ ${#args[@]} -eq 0 ] && args=(-m gpu tests/)
+d=${OUT:-/tmp}/$(date -u +%Y%m%dT%H%M%SZ)-gpu-tests
+mkdir -p "$d"
+start=$(date +%s)
+python3 -m pytest -q -p no:cacheprovider -rfE --junitxml="$d/junit.xml" "${args[@]}" > "$d/log.txt" 2>&1
+code=$?
+tail -n 40 "$d/log.txt"
+python3 - "$d" "$code" "$(( $(date +%s) - start ))" "${args[*]}" <<'X'
+import json, os, sys, xml.etree.ElementTree as ET
+from pathlib import Path
+from inferengine.bench.environment import environment_text
+folder, code, seconds, args = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+suite = ET.parse(folder / "junit.xml").getroot().find("testsuite")
+counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+summary = {"pytest_args": args, "exit_code": code, "wall_s": seconds, **counts}
+(folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+command = f"bash benchmarks/gpu_tests.sh {args}"
+revision = os.environ.get("GIT_REV", "see environment.txt")
+(folder / "command.txt").write_text(f"# device tool, working tree {revision}\n{command}\n")
+(folder / "environment.txt").write_text(environment_text({"gpu-tests": command}))
+# Keep the log to its failures and summary, not every test's line.
+lines = (folder / "log.txt").read_text(errors="replace").splitlines()
+(folder / "log.txt").write_text("\n".join(lines[-400:]) + "\n")
+print(json.dumps(summary))
+X
+exit $code
