@@ -103,10 +103,22 @@ class SchedulerConfig:
 @dataclass
 class ParallelConfig:
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
 
     def __post_init__(self) -> None:
-        if self.tensor_parallel_size < 1:
-            raise ConfigError("--tensor-parallel-size must be at least 1.")
+        # Until the multi-GPU executor lands, a model runs on one device: refuse, rather than
+        # crash at the first step (CPU) or sample from a partial model (GPU).
+        for flag, size in (
+            ("--tensor-parallel-size", self.tensor_parallel_size),
+            ("--pipeline-parallel-size", self.pipeline_parallel_size),
+        ):
+            if size < 1:
+                raise ConfigError(f"{flag} must be at least 1, got {size}.")
+            if size > 1:
+                raise ConfigError(
+                    f"{flag} {size} is not supported yet: InferEngine runs a model on one GPU. "
+                    f"Run with {flag} 1 (the default)."
+                )
 
 
 @dataclass

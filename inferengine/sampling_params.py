@@ -40,6 +40,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     detokenize: bool = True
     skip_special_tokens: bool = True
+    # Accepted for vLLM compatibility, no effect: text is what the tokenizer's decoder writes.
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import re
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from inferengine import envs
@@ -31,6 +32,7 @@ _DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "flo
 _HELP = {
     "model": "model: an alias (smollm2-135m-instruct), a local folder, a .gguf file or a hub id",
     "tokenizer": "tokenizer folder or hub id (default: the model's)",
+    "revision": "the hub commit, branch or tag of a hub-id model (not for local models)",
     "dtype": "weights and activations dtype; auto = bfloat16 on CUDA, float32 on CPU",
     "max_model_len": "longest prompt + output, in tokens (default: the model's context length)",
     "max_num_seqs": "most requests in one step",
@@ -48,7 +50,11 @@ _HELP = {
     "enforce_eager": "no CUDA graphs",
     "long_prefill_token_threshold": "cap on one request's prefill chunk per step (0: none)",
     "scheduling_policy": "fcfs, or priority (lower `priority` value first)",
-    "tensor_parallel_size": "GPUs to split the model over",
+    "tensor_parallel_size": "GPUs to split the model over (not supported yet: only 1)",
+    "pipeline_parallel_size": "pipeline stages (not supported yet: only 1)",
+    "num_gpu_blocks_override": "KV pages to allocate instead of the measured number (testing)",
+    "max_waiting_requests": "serve only: requests that may wait beyond --max-num-seqs before "
+    "new ones get 503 (default: unbounded)",
     "served_model_name": "the model name clients send and see (default: --model)",
     "async_scheduling": "schedule the next step while the GPU runs this one",
 }
@@ -76,6 +82,7 @@ class EngineArgs:
     long_prefill_token_threshold: int = 0
     scheduling_policy: str = "fcfs"
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     num_gpu_blocks_override: int | None = None
     max_waiting_requests: int | None = None
     async_scheduling: bool = True
@@ -84,6 +91,9 @@ class EngineArgs:
     def create_engine_config(self) -> EngineConfig:
         from inferengine.model.loader.resolve import resolve_model
 
+        # Checked before the model is resolved (which may download it).
+        parallel_config = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size)
+        _check_revision(self.model, self.revision)
         dtype_name = _DTYPE_ALIASES.get(self.dtype, self.dtype)
         if dtype_name not in DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}.")
@@ -127,7 +137,7 @@ class EngineArgs:
                 max_waiting_requests=self.max_waiting_requests,
                 async_scheduling=self.async_scheduling,
             ),
-            parallel_config=ParallelConfig(self.tensor_parallel_size),
+            parallel_config=parallel_config,
             device=device,
             attention_backend=self.attention_backend,
             attention_backend_benchmark=self.attention_backend_benchmark,
@@ -169,6 +179,17 @@ class EngineArgs:
 
     def replace(self, **changes: Any) -> EngineArgs:
         return dataclasses.replace(self, **changes)
+
+
+def _check_revision(model: str, revision: str | None) -> None:
+    """`--revision` picks a commit of a hub model; a local folder, .gguf file or alias has none."""
+    from inferengine.model.loader.default_model import ALIASES
+
+    if revision is not None and (model.lower() in ALIASES or Path(model).expanduser().exists()):
+        raise ConfigError(
+            f"--revision {revision} applies to a Hugging Face hub id, but {model!r} is a local "
+            "model (a folder, a .gguf file or an alias). Drop --revision, or name the hub id."
+        )
 
 
 def _resolve_device(device: str) -> str:

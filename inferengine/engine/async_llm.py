@@ -90,7 +90,9 @@ class AsyncLLM:
         except BaseException:
             self.client.shutdown()
             raise
-        self.input_processor = InputProcessor(config.model_config, self.tokenizer)
+        self.input_processor = InputProcessor(
+            config.model_config, self.tokenizer, config.scheduler_config.policy
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stat_loggers = list(stat_loggers or [])
         self.collectors: dict[str, RequestCollector] = {}

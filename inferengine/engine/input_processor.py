@@ -27,9 +27,10 @@ def load_tokenizer(path: str) -> Any:
 
 
 class InputProcessor:
-    def __init__(self, model_config: ModelConfig, tokenizer: Any):
+    def __init__(self, model_config: ModelConfig, tokenizer: Any, scheduling_policy: str = "fcfs"):
         self.model_config = model_config
         self.tokenizer = tokenizer
+        self.scheduling_policy = scheduling_policy
         gen = model_config.generation_config
         eos = gen.get("eos_token_id", model_config.hf_config.get("eos_token_id"))
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
@@ -92,7 +93,16 @@ class InputProcessor:
             "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False),
         }
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def validate(
+        self, prompt_token_ids: list[int], params: SamplingParams, priority: int = 0
+    ) -> None:
+        if priority != 0 and self.scheduling_policy != "priority":
+            # Under fcfs the scheduler never reads it: refuse it, as vLLM does.
+            raise InvalidRequestError(
+                f"priority {priority} needs priority scheduling, but this engine schedules "
+                f"{self.scheduling_policy}; start it with --scheduling-policy priority.",
+                param="priority",
+            )
         n = len(prompt_token_ids)
         max_len = self.model_config.max_model_len
         vocab = self.model_config.vocab_size
@@ -123,7 +133,7 @@ class InputProcessor:
         priority: int = 0,
         cache_salt: str | None = None,
     ) -> EngineCoreRequest:
-        self.validate(prompt_token_ids, params)
+        self.validate(prompt_token_ids, params, priority)
         if self.extra_stop_token_ids and not params.ignore_eos:
             params.extra_stop_token_ids = list(self.extra_stop_token_ids)
         return EngineCoreRequest(

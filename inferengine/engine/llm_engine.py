@@ -13,6 +13,7 @@ from inferengine.core.engine_io import EngineCoreRequest
 from inferengine.engine.core import EngineCore
 from inferengine.engine.input_processor import InputProcessor, PromptType, load_tokenizer
 from inferengine.engine.output_processor import OutputProcessor, ParentRequest
+from inferengine.errors import ConfigError
 from inferengine.outputs import RequestOutput
 from inferengine.sampling_params import SamplingParams
 
@@ -64,11 +65,20 @@ def fan_out(
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
+        if config.scheduler_config.max_waiting_requests is not None:
+            # Admission control answers HTTP clients with 503; offline, every request waits.
+            raise ConfigError(
+                "--max-waiting-requests applies to `inferengine serve` only; offline (LLM, "
+                "generate, run-batch) every request waits its turn. Drop it (run-batch bounds "
+                "its queue with --max-in-flight)."
+            )
         self.config = config
         self.tokenizer = load_tokenizer(
             config.model_config.tokenizer or config.model_config.model_path
         )
-        self.input_processor = InputProcessor(config.model_config, self.tokenizer)
+        self.input_processor = InputProcessor(
+            config.model_config, self.tokenizer, config.scheduler_config.policy
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.core = EngineCore(config)
 

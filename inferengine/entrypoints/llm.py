@@ -102,9 +102,9 @@ class LLM:
         engine = self.llm_engine
         # Tokenize and check everything first, so a bad prompt fails before any request starts.
         prepared = []
-        for prompt, p in zip(prompts, params, strict=True):
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             text, token_ids = engine.input_processor.tokenize(prompt)
-            engine.input_processor.validate(token_ids, p)
+            engine.input_processor.validate(token_ids, p, priority[i] if priority else 0)
             prepared.append({"prompt": text, "prompt_token_ids": token_ids})
         request_ids = []
         for i, (prompt, p) in enumerate(zip(prepared, params, strict=True)):

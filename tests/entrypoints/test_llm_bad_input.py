@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inferengine import LLM, SamplingParams
-from inferengine.errors import InvalidRequestError
+from inferengine.errors import ConfigError, InvalidRequestError
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +38,21 @@ def test_token_ids_outside_vocabulary(llm):
         llm.generate({"prompt_token_ids": [5, 100000]}, use_tqdm=False)
     with pytest.raises(InvalidRequestError, match="stop_token_ids names token id 999999"):
         llm.generate("hello", SamplingParams(stop_token_ids=[999999]), use_tqdm=False)
+
+
+def test_priority_without_priority_scheduling_is_refused(llm):
+    """Under fcfs the scheduler never reads a priority: refused (as vLLM does), not ignored."""
+    with pytest.raises(InvalidRequestError, match="priority 3 needs priority scheduling") as info:
+        llm.generate(["a", "b"], SamplingParams(max_tokens=2), use_tqdm=False, priority=[0, 3])
+    assert info.value.param == "priority"
+    assert "--scheduling-policy priority" in info.value.message
+    assert not llm.llm_engine.has_unfinished_requests()  # refused before any request started
+
+
+def test_max_waiting_requests_is_refused_offline(tiny_checkpoint):
+    """It bounds the server's queue (503s); offline nothing would use it."""
+    with pytest.raises(ConfigError, match="--max-waiting-requests applies to `inferengine serve`"):
+        LLM(str(tiny_checkpoint("llama3-tied")), max_waiting_requests=4)
 
 
 def test_bad_request_leaves_running_requests_alone(llm):

@@ -1,4 +1,10 @@
-"""Pydantic models of the HTTP API: OpenAI's request and response shapes plus our own endpoints."""
+"""Pydantic models of the HTTP API: OpenAI's request and response shapes plus our own endpoints.
+
+Generating requests keep the fields they do not declare in `model_extra`: a field of OpenAI's or
+vLLM's API that this server does not implement (`UNSUPPORTED_FIELDS`), sent with a value that asks
+for something, is refused with a 400 naming it; any other unknown field is ignored with a warning,
+as vLLM does.
+"""
 
 from __future__ import annotations
 
@@ -19,15 +25,67 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", protected_namespaces=())
 
 
+# Fields of OpenAI's or vLLM's request APIs that would change the reply but are not implemented
+# here: name -> (values that ask for nothing besides None / False / [], why refused).
+_NO_TOOLS = "tool and function calling are not implemented"
+_NO_GUIDED = "structured output (guided decoding) is not implemented yet"
+UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "tools": ((), _NO_TOOLS),
+    "tool_choice": (("none", "auto"), _NO_TOOLS),
+    "functions": ((), _NO_TOOLS),
+    "function_call": (("none",), _NO_TOOLS),
+    "audio": ((), "only text output is supported"),
+    "modalities": ((["text"],), "only text output is supported"),
+    "web_search_options": ((), "there is no web search"),
+    "reasoning_effort": (
+        (),
+        "a thinking switch, where the model's chat template has one, goes in "
+        'chat_template_kwargs (e.g. {"enable_thinking": false})',
+    ),
+    "response_format": (({"type": "text"},), "only {'type': 'text'} is supported"),
+    "echo": ((), "echo works on /v1/completions only"),
+    "best_of": ((1,), "use n"),
+    "use_beam_search": ((), "beam search is not implemented"),
+    "length_penalty": ((1, 1.0), "beam search is not implemented"),
+    "guided_json": ((), _NO_GUIDED),
+    "guided_regex": ((), _NO_GUIDED),
+    "guided_choice": ((), _NO_GUIDED),
+    "guided_grammar": ((), _NO_GUIDED),
+    "structured_outputs": ((), _NO_GUIDED),
+    "allowed_token_ids": ((), "favour or ban token ids with logit_bias"),
+    "bad_words": ((), "ban their token ids with logit_bias -100"),
+    "logits_processors": ((), "custom logits processors are not implemented"),
+    "truncate_prompt_tokens": ((), "shorten the prompt instead"),
+    "prompt_logprobs": ((), "on /v1/completions send echo with logprobs"),
+    "return_tokens_as_token_ids": ((), "/v1/generate returns token ids"),
+    "return_token_ids": ((), "/v1/generate returns token ids"),
+    "add_special_tokens": ((), "the chat template already holds the special tokens"),
+    "documents": ((), "put the documents in the messages"),
+}
+
+
+def unsupported_reason(name: str, value: Any) -> str | None:
+    """Why a request field in `UNSUPPORTED_FIELDS` is refused; None when its value asks for
+    nothing (or the field is not in the table)."""
+    entry = UNSUPPORTED_FIELDS.get(name)
+    if entry is None or value is None or value is False or value == [] or value in entry[0]:
+        return None
+    return entry[1]
+
+
 class StreamOptions(_Model):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's; refused when true
 
 
 class SamplingFields(_Model):
     """Decoding settings every generating endpoint accepts (OpenAI's plus vLLM's extras).
 
     `None` means "the model's generation_config default, else SamplingParams' default".
+    Undeclared fields are kept in `model_extra` (see the module docstring).
     """
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
 
     n: int = 1
     temperature: float | None = None

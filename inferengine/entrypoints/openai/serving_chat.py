@@ -25,6 +25,7 @@ from inferengine.entrypoints.openai.serving_engine import (
     OpenAIServing,
     make_usage,
     random_id,
+    refuse_unsupported,
     sse,
 )
 from inferengine.entrypoints.openai.streaming import (
@@ -94,6 +95,7 @@ class ServingChat(OpenAIServing):
         """Check the request; its templated prompt, `SamplingParams` and number of top logprobs
         (None: no logprobs). Also used by run-batch."""
         self.check_model(req.model)
+        self.check_fields(req)
         self._check_unsupported(req)
         prompt = self.engine.input_processor.chat_prompt(
             message_dicts(req.messages), **chat_template_kwargs(req)
@@ -114,12 +116,11 @@ class ServingChat(OpenAIServing):
             raise InvalidRequestError(
                 "top_logprobs needs logprobs to be true.", param="top_logprobs"
             )
-        if req.tools and req.tool_choice != "none":
-            raise InvalidRequestError("tool calling is not supported.", param="tools")
-        if req.response_format is not None and req.response_format.get("type") != "text":
-            raise InvalidRequestError(
-                "only response_format {'type': 'text'} is supported.", param="response_format"
-            )
+        # Tools with tool_choice "none" are accepted and left out of the prompt.
+        if req.tool_choice != "none":
+            refuse_unsupported("tools", req.tools)
+        refuse_unsupported("tool_choice", req.tool_choice)
+        refuse_unsupported("response_format", req.response_format)
 
     def _logprobs(self, completion: CompletionOutput, num_top: int | None) -> ChatLogprobs | None:
         if num_top is None:

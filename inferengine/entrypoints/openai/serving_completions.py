@@ -60,6 +60,7 @@ class ServingCompletion(OpenAIServing):
     def prepare(self, req: CompletionRequest) -> tuple[list[Prompt], list[SamplingParams]]:
         """Check the request; its prompts and one `SamplingParams` each (also used by run-batch)."""
         self.check_model(req.model)
+        self.check_fields(req)
         if req.suffix is not None:
             raise InvalidRequestError("suffix is not supported.", param="suffix")
         if req.best_of is not None and req.best_of != req.n:

@@ -8,6 +8,7 @@ from typing import Any
 
 from inferengine.engine.async_llm import AsyncLLM
 from inferengine.entrypoints.openai.protocol import (
+    UNSUPPORTED_FIELDS,
     ChatLogprobs,
     ChatLogprobToken,
     CompletionLogprobs,
@@ -15,6 +16,7 @@ from inferengine.entrypoints.openai.protocol import (
     SamplingFields,
     TopLogprob,
     UsageInfo,
+    unsupported_reason,
 )
 from inferengine.entrypoints.openai.streaming import EngineStream, start_streams
 from inferengine.errors import InvalidRequestError, ModelNotFoundError
@@ -108,6 +110,21 @@ class OpenAIServing:
                 param="max_tokens",
             )
         return requested
+
+    def check_fields(self, req: SamplingFields) -> None:
+        """Refuse a field this server does not implement (400 naming it); log unknown ones."""
+        extra = req.model_extra or {}
+        for name, value in extra.items():
+            refuse_unsupported(name, value)
+        if req.stream_options is not None and req.stream_options.continuous_usage_stats:
+            raise InvalidRequestError(
+                "stream_options.continuous_usage_stats is not supported: usage comes in the last "
+                "chunk with include_usage.",
+                param="stream_options",
+            )
+        ignored = sorted(name for name in extra if name not in UNSUPPORTED_FIELDS)
+        if ignored:
+            logger.warning("ignored unknown request field(s): %s", ", ".join(ignored))
 
     # ---- parameters ------------------------------------------------------------------------
 
@@ -250,6 +267,13 @@ class OpenAIServing:
 
     def _decoded(self, token_id: int, decoded: str | None) -> str:
         return decoded if decoded is not None else self.token_str(token_id)
+
+
+def refuse_unsupported(name: str, value: Any) -> None:
+    """A 400 naming field `name` when its value asks for something this server does not do."""
+    reason = unsupported_reason(name, value)
+    if reason is not None:
+        raise InvalidRequestError(f"{name} is not supported: {reason}.", param=name)
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:

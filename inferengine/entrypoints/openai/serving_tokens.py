@@ -72,6 +72,7 @@ class ServingTokens(OpenAIServing):
 
     async def generate(self, req: GenerateRequest, raw: Request) -> Response | GenerateResponse:
         self.check_model(req.model)
+        self.check_fields(req)
         if (req.prompt is None) == (req.prompt_token_ids is None):
             raise InvalidRequestError(
                 "send exactly one of prompt or prompt_token_ids.", param="prompt"
