@@ -216,7 +216,9 @@ def paged_attention_kernel(
             return
     else:
         q_tile = q_end // BLOCK_Q + seq - pid
-        if (q_len <= min_q_len) | (q_tile * BLOCK_Q >= q_len):
+        # Tiles past the last sequence's own (a graph padded with tokens but no spare sequence
+        # slot) land on it with q_tile < 0: they belong to no one.
+        if (q_len <= min_q_len) | (q_tile * BLOCK_Q >= q_len) | (q_tile < 0):
             return
     seq_len = tl.load(seq_lens_ptr + seq)
     context_len = seq_len - q_len

@@ -218,6 +218,29 @@ def test_graph_padding_leaves_real_rows_alone(paged_batch, assert_close, dtype):
     assert real_seqs + pad_seqs == seq_lens.shape[0]
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_padded_tokens_with_every_sequence_slot_real(paged_batch, assert_close, dtype):
+    """A full batch (every sequence slot a real request, as when max_num_seqs requests run) in a
+    mixed graph padded with tokens only: the prefill tiles past the last sequence's own belong to
+    nobody and must write nothing, inside `out` or before it."""
+    batch = paged_batch(
+        [1, 1, 1, 9], [3, 66, 18, 9], num_q_heads=8, num_kv_heads=2, head_dim=64, block_size=16,
+        dtype=dtype,
+    )  # fmt: skip
+    real, pad = batch.q.shape[0], 52
+    dev = batch.q.device
+    q = torch.cat([batch.q, torch.randn(pad, *batch.q.shape[1:]).to(dev, dtype)])
+    # `out` sits in the middle of a NaN-filled buffer: a write before or after it shows there.
+    guard = torch.full((3 * q.shape[0], *q.shape[1:]), float("nan"), dtype=dtype, device=dev)
+    out = guard[q.shape[0] : 2 * q.shape[0]]
+    pa.paged_attention(
+        q, batch.kv_cache, batch.query_start_loc, batch.seq_lens, batch.block_table,
+        max_query_len=q.shape[0], max_seq_len=512, scale=64**-0.5, out=out,
+    )  # fmt: skip
+    assert guard[: q.shape[0]].isnan().all() and guard[2 * q.shape[0] :].isnan().all()
+    assert_close(out[:real], pa.paged_attention_ref(*batch.args(), scale=64**-0.5))
+
+
 def fresh_kv(batch) -> tuple[torch.Tensor, torch.Tensor]:
     """Each query token's own key and value, read back from its cache slot, as rows of one
     fused [T, Hq + 2 Hkv, D] buffer (the layout the model's QKV projection gives)."""
