@@ -40,7 +40,7 @@ WORKLOADS = {
         "--num-prompts", "100", "--max-concurrency", "16", "--num-warmups", "16",
     ],
     "batch1": [
-        "--random-input-len", "256", "--random-output-len", "128", "--num-prompts", "4",
+        "--random-input-len", "256", "--random-output-len", "128", "--num-prompts", "8",
         "--max-concurrency", "1", "--num-warmups", "2",
     ],
 }  # fmt: skip
