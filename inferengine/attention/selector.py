@@ -81,11 +81,12 @@ def get_attention_backend(
             f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}; got {name!r}."
         )
     why_not = triton_unsupported_reason(shape) if shape is not None else None
+    usable = _triton_usable(device)
     if name == "auto":
-        name = "triton" if _triton_usable(device) and why_not is None else "torch"
-        if _triton_usable(device) and why_not is not None:
+        name = "triton" if usable and why_not is None else "torch"
+        if usable and why_not is not None:
             logger.warning("attention: %s, so the torch reference runs it (slower)", why_not)
-    if name == "triton" and not _triton_usable(device):
+    if name == "triton" and not usable:
         raise ConfigError(
             f"--attention-backend triton needs a CUDA device and triton; this engine runs on "
             f"{device}. Use --attention-backend auto."
