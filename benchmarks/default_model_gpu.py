@@ -67,6 +67,7 @@ def answer(device: str, dtype: str, max_tokens: int) -> dict:
 
     from inferengine import LLM, SamplingParams
     from inferengine.model.loader.default_model import DEFAULT_MODEL
+    from inferengine.outputs import top_two_margin
 
     # A fixed KV cache (the CPU's default, 1 GiB): the second engine in this process does not
     # depend on the first one's memory being given back.
@@ -83,10 +84,8 @@ def answer(device: str, dtype: str, max_tokens: int) -> dict:
     answers = []
     for question, out in zip(QUESTIONS, outputs, strict=True):
         completion = out.outputs[0]
-        margins = []
-        for position in completion.logprobs or []:
-            top = sorted((lp for lp in position.values() if lp.rank in (1, 2)), key=_rank)
-            margins.append(round(top[0].logprob - top[1].logprob, 5) if len(top) == 2 else None)
+        margins = [top_two_margin(position) for position in completion.logprobs or []]
+        margins = [None if m is None else round(m, 5) for m in margins]
         answers.append(
             {
                 "question": question,
@@ -98,10 +97,6 @@ def answer(device: str, dtype: str, max_tokens: int) -> dict:
             }
         )
     return {"device": device, "dtype": dtype, "max_tokens": max_tokens, "answers": answers}
-
-
-def _rank(logprob) -> int:
-    return logprob.rank
 
 
 def _at(values: list, i: int):

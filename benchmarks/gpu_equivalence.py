@@ -49,6 +49,7 @@ def run(model: str, setting: dict, prompts, lengths, max_num_seqs: int, dtype: s
     """Token ids per request, per position the margin between the top two logprobs, and the
     attention backend the engine ran with (with the start-up benchmark's timings, if any)."""
     from inferengine import LLM, SamplingParams
+    from inferengine.outputs import top_two_margin
 
     llm = LLM(
         model,
@@ -74,13 +75,7 @@ def run(model: str, setting: dict, prompts, lengths, max_num_seqs: int, dtype: s
     gc.collect()
     torch.cuda.empty_cache()
     tokens = [o.outputs[0].token_ids for o in outputs]
-    margins = []
-    for o in outputs:
-        per_position = []
-        for entry in o.outputs[0].logprobs or []:
-            top = sorted((lp for lp in entry.values() if lp.rank in (1, 2)), key=lambda lp: lp.rank)
-            per_position.append(top[0].logprob - top[1].logprob if len(top) == 2 else None)
-        margins.append(per_position)
+    margins = [[top_two_margin(e) for e in o.outputs[0].logprobs or []] for o in outputs]
     return tokens, margins, backend
 
 

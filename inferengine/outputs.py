@@ -16,6 +16,15 @@ class Logprob:
 PositionLogprobs = dict[int, Logprob]
 
 
+def top_two_margin(position: PositionLogprobs) -> float | None:
+    """Logprob of the rank-1 token minus that of the rank-2 token (how near a tie the choice
+    was); None unless both are present (ask for logprobs >= 2)."""
+    ranked = {lp.rank: lp.logprob for lp in position.values()}
+    if 1 not in ranked or 2 not in ranked:
+        return None
+    return ranked[1] - ranked[2]
+
+
 @dataclass
 class CompletionOutput:
     index: int

@@ -33,7 +33,7 @@ import pytest
 import torch
 
 from inferengine import LLM, SamplingParams
-from inferengine.outputs import RequestOutput
+from inferengine.outputs import RequestOutput, top_two_margin
 from tests.conftest import TINY_ARCHS, build_checkpoint
 from tests.entrypoints.test_llm_matches_transformers import LENGTHS, MAX_TOKENS, _expected, _prompts
 from tests.entrypoints.test_llm_matches_transformers import MODES as CPU_MODES
@@ -202,13 +202,7 @@ def greedy_with_margins(
         llm.llm_engine.core.shutdown()
         del llm
         free_memory(device)
-    margins = []
-    for o in outputs:
-        per_position: list[float | None] = []
-        for entry in o.outputs[0].logprobs or []:
-            top = sorted((lp for lp in entry.values() if lp.rank in (1, 2)), key=lambda lp: lp.rank)
-            per_position.append(top[0].logprob - top[1].logprob if len(top) == 2 else None)
-        margins.append(per_position)
+    margins = [[top_two_margin(e) for e in o.outputs[0].logprobs or []] for o in outputs]
     return token_ids(outputs), margins
 
 
