@@ -1,6 +1,10 @@
 #!/bin/bash
-# The [7] paired benchmarks against vLLM 0.26.0 on the offline GPU host (device tool), as run
-# for the README: bash benchmarks/gpu_paired.sh w1 batch1 [c256]
+# The paired benchmarks against vLLM 0.26.0 on the offline GPU host (device tool), as run for
+# the README: one round per call (a call may last 10 minutes), the launch order alternating:
+#   GIT_REV=<sha> bash benchmarks/gpu_paired.sh 0     # then 1, then 2
+# Round K runs w1, batch1, c256 and shared-prefix against servers at --max-model-len 2048, then
+# long-prompt against servers at 8192; `vllm bench serve` judges. Each set's folder comes back
+# as a tarball; benchmarks/readme_performance.py reads the rounds together.
 # Before it, put vLLM's first part on the host: ../shared/peers/vllm-prepare.sh leaves .peer1
 # (56 MiB) and .peer2; .peer1 with the checkout is over one call's 64 MiB, so split it here
 #   split -b 29360128 -d .peer1/part.00 /tmp/p1. && mkdir -p .peerA .peerB &&
@@ -8,8 +12,9 @@
 # and send the halves in two calls, each within 30 s of the last:
 #   carry .peerA: mkdir -p /tmp/vllm-parts && cp .peerA/p /tmp/vllm-parts/part.00.a
 #   carry .peerB: cat /tmp/vllm-parts/part.00.a .peerB/p > /tmp/vllm-parts/part.00
-# then carry .peer2 in the call that runs this script. Result folders come back as tarballs.
+# then carry .peer2 in every call that runs this script.
 set -u
+round=${1:?round number: 0, 1 or 2}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 if [ ! -d /tmp/vllm-site/vllm ]; then
   mkdir -p /tmp/vllm-site
@@ -23,23 +28,21 @@ if [ ! -d /tmp/site/fastapi ]; then
     $w/starlette-* $w/typing_inspection-* $w/uvicorn-* || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD
-cat > /tmp/ie <<'X'
-#!/bin/bash
-exec python3 -m inferengine.entrypoints.cli.main "$@"
-X
-chmod +x /tmp/ie
 S=$(date -u +%Y%m%dT%H%M%SZ)
-IE='inferengine=preset:inferengine --load-format dummy --max-model-len 2048 --gpu-memory-utilization 0.82 --disable-log-requests'
-VL='vllm=preset:vllm --load-format dummy --dtype bfloat16 --max-model-len 2048 --gpu-memory-utilization 0.82'
-common=(--system "$IE" --system "$VL" --model-dir configs/qwen2.5-7b --served-model-name qwen2.5-7b --ignore-eos --disable-tqdm --client vllm)
-for name in "$@"; do
-  case $name in
-    w1) args=(--random-input-len 256 --random-output-len 64 --random-range-ratio 0.5 --num-prompts 100 --max-concurrency 16 --num-warmups 16
-              --gate 'output_throughput>=1.05' --gate 'median_itl_ms<=6.0@inferengine' --gate 'median_ttft_ms<=1.0' --gate 'ready_s<=30@inferengine');;
-    batch1) args=(--random-input-len 256 --random-output-len 128 --num-prompts 8 --max-concurrency 1 --num-warmups 2 --gate 'median_tpot_ms<=5.7@inferengine');;
-    c256) args=(--random-input-len 512 --random-output-len 256 --num-prompts 500 --max-concurrency 256 --gate 'output_throughput>=1.0');;
-  esac
-  d=/tmp/pr/$S-$name-paired
-  /tmp/ie bench paired "${common[@]}" --name $name "${args[@]}" --out-dir $d 2>&1 | tail -25
-  tar czf $OUT/$S-$name-paired.tgz -C /tmp/pr $S-$name-paired
-done
+ie() { python3 -m inferengine.entrypoints.cli.main "$@"; }
+sys_ie="inferengine=preset:inferengine --load-format dummy --gpu-memory-utilization 0.82 --disable-log-requests"
+sys_vl="vllm=preset:vllm --load-format dummy --dtype bfloat16 --gpu-memory-utilization 0.82"
+common=(--model-dir configs/qwen2.5-7b --served-model-name qwen2.5-7b --disable-tqdm
+        --repeats 1 --start-repeat "$round" --judge vllm --revision "${GIT_REV:-unknown}")
+run_set() {  # name, max-model-len, paired args...
+  local name=$1 len=$2; shift 2
+  local d=/tmp/pr/$S-$name-r$round
+  ie bench paired --system "$sys_ie --max-model-len $len" --system "$sys_vl --max-model-len $len" \
+    "${common[@]}" --name "$name" --out-dir "$d" "$@" 2>&1 | tail -60
+  tar czf "$OUT/$S-$name-r$round.tgz" -C /tmp/pr "$S-$name-r$round"
+}
+run_set paired 2048 --workload w1 --workload batch1 --workload c256 --workload shared-prefix \
+  --gate 'w1:output_throughput>=1.05' --gate 'w1:median_itl_ms<=6.0@inferengine' \
+  --gate 'w1:median_ttft_ms<=1.0' --gate 'ready_s<=30@inferengine' \
+  --gate 'batch1:median_tpot_ms<=5.7@inferengine' --gate 'c256:output_throughput>=1.0'
+run_set long-prompt-paired 8192 --workload long-prompt

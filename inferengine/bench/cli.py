@@ -13,20 +13,24 @@ from inferengine.bench.config import PERCENTILE_METRICS
 from inferengine.bench.gates import __doc__ as GATES_DOC
 from inferengine.bench.systems import __doc__ as SYSTEMS_DOC
 from inferengine.bench.vllm_client import __doc__ as VLLM_CLIENT_DOC
+from inferengine.bench.workloads import WORKLOADS
 from inferengine.errors import ConfigError
 
+WORKLOADS_TEXT = "\n".join(f"  {w.name:<14}{w.description}" for w in WORKLOADS.values())
 PAIRED_EPILOG = f"""\
 systems (--system, repeated; the first two give the ratios):
 {SYSTEMS_DOC.split(chr(10), 2)[2]}
 gates (--gate, repeated; exit status 1 if one fails, after everything is written):
 {GATES_DOC.split(chr(10), 2)[2]}
---client vllm also runs vLLM's client on each system.
+workloads (--workload, repeated; without it the workload flags describe one, "custom"):
+{WORKLOADS_TEXT}
+the judge (--judge auto: vLLM's client when --vllm-pythonpath holds vllm, else ours):
 {VLLM_CLIENT_DOC.split(chr(10), 2)[2]}
 example:
-  inferengine bench paired --model-dir configs/qwen2.5-7b \\
-    --system "A=preset:inferengine --load-format dummy" --system B=url:http://127.0.0.1:8001 \\
-    --random-input-len 256 --random-output-len 64 --random-range-ratio 0.5 --num-prompts 100 \\
-    --max-concurrency 16 --ignore-eos --gate "output_throughput>=1.0" --gate "median_itl_ms<=7@A"
+  inferengine bench paired --model-dir configs/qwen2.5-7b --served-model-name qwen2.5-7b \\
+    --system "inferengine=preset:inferengine --load-format dummy --max-model-len 2048" \\
+    --system "vllm=preset:vllm --load-format dummy --dtype bfloat16 --max-model-len 2048" \\
+    --workload w1 --workload batch1 --repeats 3 --gate "w1:output_throughput>=1.05"
 """
 
 
@@ -45,9 +49,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     paired = sub.add_parser(
         "paired",
-        help="the same workload against several servers in turn, with ratios and gates",
-        description="Run one workload against each --system in turn on this machine, trace the "
-        "GPU, write a result folder and compare.",
+        help="the same workloads against several servers, repeated in alternating order",
+        description="Launch each --system in turn (the order rotating every round), run each "
+        "workload through the judge with the same warm-up, trace the GPU, and write a result "
+        "folder with every run, medians and ranges, ratios and gates.",
         epilog=PAIRED_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -72,16 +77,34 @@ def add_paired_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--served-model-name", help="name presets serve the model under")
     g.add_argument("--health-timeout", type=float, default=900.0, help="seconds to wait")
     g.add_argument("--stop-timeout", type=float, default=30.0, help="SIGTERM→SIGKILL seconds")
-    g.add_argument("--client", choices=["ours", "vllm"], default="ours")
     g.add_argument("--vllm-python", default="python3")
     g.add_argument("--vllm-pythonpath", default="/tmp/vllm-site")
+    w = parser.add_argument_group("runs")
+    w.add_argument(
+        "--workload",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"a named workload: {', '.join(WORKLOADS)} (repeatable)",
+    )
+    w.add_argument("--repeats", type=int, default=3, help="rounds over all systems")
+    w.add_argument(
+        "--start-repeat",
+        type=int,
+        default=0,
+        help="number of the first round (a later call continues the alternating order)",
+    )
+    w.add_argument("--judge", choices=["auto", "vllm", "ours"], default="auto")
+    w.add_argument(
+        "--our-client", action="store_true", help="also run our client after vLLM's judge"
+    )
+    w.add_argument("--revision", help="the code revision measured (default: git here)")
     add_workload_args(parser)
     r = parser.add_argument_group("result folder")
     r.add_argument("--out-dir", type=Path, help="default benchmarks/results/<UTC stamp>-<name>")
     r.add_argument("--name", default="paired", help="the folder's name after the stamp")
     r.add_argument("--gate", action="append", default=[], metavar="EXPR")
     r.add_argument("--gpu-interval", type=float, default=0.2, help="GPU sampling period (s)")
-    r.add_argument("--log-lines", type=int, default=2000, help="server log lines kept")
 
 
 def serve_handler(args: argparse.Namespace) -> int:
@@ -94,39 +117,64 @@ def serve_handler(args: argparse.Namespace) -> int:
 
 def paired_handler(args: argparse.Namespace) -> int:
     from inferengine.bench.gates import parse_gate
-    from inferengine.bench.paired import PairedConfig, run_paired
+    from inferengine.bench.paired import PairedConfig, run_paired, vllm_available
     from inferengine.bench.systems import parse_system
 
     tokenizer = args.tokenizer or args.model_dir
     if not tokenizer:
         raise ConfigError("bench paired builds one prompt set for all systems: pass --tokenizer")
     served = args.served_model_name or Path(args.model_dir or "model").name
+    judge = args.judge
+    if judge == "auto":
+        judge = "vllm" if vllm_available(args.vllm_pythonpath) else "ours"
+        if judge == "ours":
+            print(f"vLLM is not in {args.vllm_pythonpath}: our client is the judge")
+    cfg = PairedConfig(
+        systems=[parse_system(s, args.model_dir, served) for s in args.system],
+        workloads=paired_workloads(args),
+        tokenizer=tokenizer,
+        model=args.model,
+        model_dir=args.model_dir,
+        out_dir=args.out_dir,
+        name=args.name,
+        gates=[parse_gate(g) for g in args.gate],
+        repeats=args.repeats,
+        start_repeat=args.start_repeat,
+        judge=judge,
+        our_client=args.our_client,
+        health_timeout_s=args.health_timeout,
+        stop_timeout_s=args.stop_timeout,
+        gpu_interval_s=args.gpu_interval,
+        vllm_python=args.vllm_python,
+        vllm_pythonpath=args.vllm_pythonpath,
+        disable_tqdm=args.disable_tqdm,
+        command_line=shlex.join(["inferengine", *sys.argv[1:]]),
+        revision=args.revision,
+    )
+    return run_paired(cfg)
+
+
+def paired_workloads(args: argparse.Namespace) -> list:
+    """The named workloads, or the one the workload flags describe; never both."""
+    from inferengine.bench.workloads import NamedWorkload, named_workload
+
     workload = workload_from_args(args)
-    # The comparison reads the median and p99 of every latency metric.
+    if args.workload:
+        parser = argparse.ArgumentParser()
+        add_workload_args(parser)
+        if workload != workload_from_args(parser.parse_args([])):
+            raise ConfigError(
+                "--workload fixes every workload flag; drop the flags (--num-prompts, "
+                "--random-input-len, ...) or drop --workload and describe one custom workload"
+            )
+        return [named_workload(name) for name in args.workload]
+    # The summary reads the median and p99 of every latency metric.
     workload = dataclasses.replace(
         workload,
         percentile_metrics=PERCENTILE_METRICS,
         metric_percentiles=tuple(sorted({*workload.metric_percentiles, 99.0})),
     )
-    cfg = PairedConfig(
-        systems=[parse_system(s, args.model_dir, served) for s in args.system],
-        workload=workload,
-        tokenizer=tokenizer,
-        model=args.model,
-        out_dir=args.out_dir,
-        name=args.name,
-        gates=[parse_gate(g) for g in args.gate],
-        health_timeout_s=args.health_timeout,
-        stop_timeout_s=args.stop_timeout,
-        gpu_interval_s=args.gpu_interval,
-        log_lines=args.log_lines,
-        vllm_client=args.client == "vllm",
-        vllm_python=args.vllm_python,
-        vllm_pythonpath=args.vllm_pythonpath,
-        disable_tqdm=args.disable_tqdm,
-        command_line=shlex.join(["inferengine", *sys.argv[1:]]),
-    )
-    return run_paired(cfg)
+    return [NamedWorkload("custom", "the workload flags of this run", workload)]
 
 
 def plot_handler(args: argparse.Namespace) -> int:

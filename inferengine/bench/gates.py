@@ -2,16 +2,19 @@
 
 Gate grammar (one `--gate` each):
 
-    GATE   := METRIC OP NUMBER [ "@" TARGET ]
+    GATE   := [ WORKLOAD ":" ] METRIC OP NUMBER [ "@" TARGET ]
     OP     := ">=" | "<=" | ">" | "<" | "=="
     TARGET := SYSTEM              the absolute value measured for SYSTEM
             | SYSTEM "/" SYSTEM   the ratio of the two systems' values
     no TARGET                     the ratio FIRST/SECOND of the first two --system given
+    no WORKLOAD                   the gate holds for every workload of the run
+
+Values are the medians over the repeats of the judge's numbers.
 
 METRIC is a headline metric (output_throughput, request_throughput, total_token_throughput,
 median_/p99_ of ttft_ms, itl_ms, tpot_ms, e2el_ms, and ready_s: seconds from launch to /health)
 or any numeric field of a result JSON, e.g. `mean_ttft_ms` or `failed`. Examples: `output_throughput>=1.05` (the first system has at least
-1.05x the second's output throughput), `median_itl_ms<=6.0@A`, `p99_ttft_ms<=1.1@A/vllm`.
+1.05x the second's output throughput), `w1:median_itl_ms<=6.0@A`, `p99_ttft_ms<=1.1@A/vllm`.
 A gate whose value cannot be computed (a system failed, a metric is missing) fails.
 """
 
@@ -47,7 +50,7 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
 }
 
 _GATE_RE = re.compile(
-    r"^\s*(?P<metric>[A-Za-z_][\w.]*)\s*(?P<op>>=|<=|==|>|<)\s*(?P<num>[-+]?[\d.]+(?:[eE][-+]?\d+)?)"
+    r"^\s*(?:(?P<workload>[A-Za-z0-9_.-]+)\s*:)?\s*(?P<metric>[A-Za-z_][\w.]*)\s*(?P<op>>=|<=|==|>|<)\s*(?P<num>[-+]?[\d.]+(?:[eE][-+]?\d+)?)"
     r"\s*(?:@\s*(?P<sys>[^/\s]+)\s*(?:/\s*(?P<other>[^/\s]+))?)?\s*$"
 )
 
@@ -63,16 +66,17 @@ class Gate:
     threshold: float
     system: str | None = None  # absolute value of this system, or numerator of a ratio
     other: str | None = None  # denominator of a ratio
+    workload: str | None = None  # None: every workload
 
 
 def parse_gate(expr: str) -> Gate:
     m = _GATE_RE.match(expr)
     if not m:
         raise ConfigError(
-            f"cannot read gate {expr!r}; write METRIC OP NUMBER[@SYSTEM[/SYSTEM]], "
-            "e.g. output_throughput>=1.05 or median_itl_ms<=6.0@A"
+            f"cannot read gate {expr!r}; write [WORKLOAD:]METRIC OP NUMBER[@SYSTEM[/SYSTEM]], "
+            "e.g. output_throughput>=1.05 or w1:median_itl_ms<=6.0@A"
         )
-    return Gate(expr, m["metric"], m["op"], float(m["num"]), m["sys"], m["other"])
+    return Gate(expr, m["metric"], m["op"], float(m["num"]), m["sys"], m["other"], m["workload"])
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

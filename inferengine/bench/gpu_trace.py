@@ -148,6 +148,31 @@ class GpuTrace:
             for s in self.samples:
                 writer.writerow(["" if v is None else v for v in astuple(s)])
 
+    def phases(self) -> dict[str, dict]:
+        """Per phase: its length, how busy the GPUs were (NVML's utilization is the share of
+        time a kernel ran; mean over GPUs, and each GPU's when there are several) and the peak
+        memory of one GPU, in the order the phases began."""
+        grouped: dict[str, list[GpuSample]] = {}
+        for s in self.samples:
+            grouped.setdefault(s.phase, []).append(s)
+        out = {}
+        for phase, rows in grouped.items():
+            per_gpu: dict[int, list[float]] = {}
+            for r in rows:
+                per_gpu.setdefault(r.gpu, []).append(r.util_pct)
+            entry = {
+                "seconds": round(rows[-1].t_s - rows[0].t_s + self.interval_s, 3),
+                "samples": len(rows) // len(per_gpu),
+                "busy_pct": round(sum(r.util_pct for r in rows) / len(rows), 2),
+                "peak_mem_used_mib": round(max(r.mem_used_mib for r in rows), 1),
+            }
+            if len(per_gpu) > 1:
+                entry["busy_pct_per_gpu"] = {
+                    g: round(sum(v) / len(v), 2) for g, v in sorted(per_gpu.items())
+                }
+            out[phase] = entry
+        return out
+
     def summary(self) -> dict:
         """Sample count, mean utilization per phase and peak memory, for comparison.json."""
         by_phase: dict[str, list[float]] = {}

@@ -1,9 +1,17 @@
-"""`bench paired`: one workload against several servers in turn, with GPU traces, ratios and gates.
+"""`bench paired`: the same workloads against several servers, repeated in alternating order.
 
-For each system: launch its server (or take a running one), wait for /health and note the ready
-time, run `bench serve` with the same prompts and seed (and optionally vLLM's client), stop the
-server; NVML samples the GPU throughout. The folder gets `<system>.json`, `<system>.log`,
-`<system>-gpu.csv`, `environment.txt` and `comparison.json`.
+A run is `repeats` rounds. Round k launches the systems in turn, the order rotated by k (A B,
+then B A, ...), so that neither always goes first on a cold or a warm GPU. Each launch waits for
+/health (the ready time), then runs every workload through the judge — `vllm bench serve` when
+vLLM is there, else our `bench serve` — with the workload's warm-up requests first, the same for
+every system; our client may run beside the judge. NVML samples the GPU throughout, so each
+workload gets the share of time the GPU was busy. The folder keeps, within a size budget:
+
+    summary.json                 every run's judge numbers, their median and range per system,
+                                 ratios of medians, the decode bandwidth floor, gates
+    runs/<workload>/r<k>-<system>[-ours].json   each client result without per-request arrays
+    logs/r<k>-<system>.log       the server's log, head and tail
+    environment.txt              GPU, driver, versions, revision and every command line
 """
 
 from __future__ import annotations
@@ -12,63 +20,69 @@ import dataclasses
 import json
 import shlex
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from inferengine.bench.bandwidth import copy_bandwidth_gbps
+from inferengine.bench.compact import compact_result, trim_log
 from inferengine.bench.config import ServeConfig, WorkloadConfig
 from inferengine.bench.datasets import SampleRequest, load_tokenizer, sample_requests
-from inferengine.bench.environment import environment_text
-from inferengine.bench.gates import (
-    HEADLINE_METRICS,
-    Gate,
-    build_comparison,
-    collect_values,
-    format_comparison,
-    metric_value,
-    ratio,
-)
-from inferengine.bench.gpu_trace import DEFAULT_INTERVAL_S, GpuTrace
-from inferengine.bench.runner import jsonable, run_serve, save_result
-from inferengine.bench.systems import (
-    ServerProcess,
-    SystemSpec,
-    bind_port,
-    trim_log,
-    wait_until_healthy,
-)
+from inferengine.bench.environment import environment_text, git_revision, vllm_version
+from inferengine.bench.floor import batch1_floor
+from inferengine.bench.gates import Gate
+from inferengine.bench.gpu_trace import DEFAULT_INTERVAL_S, GpuTrace, describe_gpus
+from inferengine.bench.runner import jsonable, run_serve
+from inferengine.bench.summary import format_summary, run_metrics, spread, workload_summary
+from inferengine.bench.systems import ServerProcess, SystemSpec, bind_port, wait_until_healthy
 from inferengine.bench.vllm_client import VLLM_PYTHONPATH, vllm_bench_command
+from inferengine.bench.workloads import NamedWorkload
 from inferengine.errors import ConfigError, InferEngineError
 
 RESULTS_ROOT = Path("benchmarks/results")
+SUMMARY_FORMAT = "inferengine-bench-paired/2"
+JUDGES = ("vllm", "ours")
 
 
 @dataclass
 class PairedConfig:
     systems: list[SystemSpec]
-    workload: WorkloadConfig
+    workloads: list[NamedWorkload]
     tokenizer: str
     model: str | None = None  # the `model` to send to every system; None: ask each server
+    model_dir: str | None = None  # for the bandwidth floor
     out_dir: Path | None = None
     name: str = "paired"
     gates: list[Gate] = field(default_factory=list)
+    repeats: int = 3
+    start_repeat: int = 0  # a later call's first round, so that the order keeps alternating
+    judge: str = "vllm"
+    our_client: bool = False  # also run our client after the judge
     health_timeout_s: float = 900.0
     stop_timeout_s: float = 30.0
     gpu_interval_s: float = DEFAULT_INTERVAL_S
-    log_lines: int = 2000
-    vllm_client: bool = False
     vllm_python: str = "python3"
     vllm_pythonpath: str = VLLM_PYTHONPATH
-    vllm_client_timeout_s: float = 3600.0
+    client_timeout_s: float = 3600.0
     disable_tqdm: bool = False
     command_line: str = ""
+    revision: str | None = None  # what was measured; default: git here
 
 
 def default_out_dir(name: str) -> Path:
     """`benchmarks/results/<UTC stamp>-<name>` under the working directory (the checkout)."""
     return RESULTS_ROOT / f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{name}"
+
+
+def vllm_available(pythonpath: str = VLLM_PYTHONPATH) -> bool:
+    return Path(pythonpath, "vllm").is_dir()
+
+
+def round_order(systems: Sequence[SystemSpec], k: int) -> list[SystemSpec]:
+    """Round k's launch order: the systems rotated left by k."""
+    shift = k % len(systems)
+    return [*systems[shift:], *systems[:shift]]
 
 
 def system_workload(workload: WorkloadConfig, spec: SystemSpec) -> WorkloadConfig:
@@ -80,172 +94,309 @@ def system_workload(workload: WorkloadConfig, spec: SystemSpec) -> WorkloadConfi
     )
 
 
-def run_paired(cfg: PairedConfig) -> int:
-    """Run every system, write the folder; 0 when all ran and every gate passed, else 1."""
+def check_config(cfg: PairedConfig) -> None:
     names = [s.name for s in cfg.systems]
     if not names or len(set(names)) != len(names):
         raise ConfigError("give each --system a different NAME")
+    if cfg.repeats < 1 or cfg.start_repeat < 0:
+        raise ConfigError("--repeats must be at least 1 and --start-repeat at least 0")
+    if cfg.judge not in JUDGES:
+        raise ConfigError(f"--judge must be one of {', '.join(JUDGES)} (or auto)")
+    if cfg.judge == "vllm" and not vllm_available(cfg.vllm_pythonpath):
+        raise ConfigError(
+            f"the judge is vLLM's `bench serve`, but {cfg.vllm_pythonpath} has no vllm; unpack "
+            "it there (--vllm-pythonpath) or pass --judge ours"
+        )
+    workload_names = [w.name for w in cfg.workloads]
+    if not workload_names or len(set(workload_names)) != len(workload_names):
+        raise ConfigError("give each workload once")
+    for gate in cfg.gates:
+        if gate.workload is not None and gate.workload not in workload_names:
+            raise ConfigError(
+                f"gate {gate.expr!r} names workload {gate.workload!r}, which this run does not "
+                f"have ({', '.join(workload_names)})"
+            )
+
+
+def run_paired(cfg: PairedConfig) -> int:
+    """Run every round, write the folder; 0 when every run worked and every gate passed."""
+    check_config(cfg)
     out = cfg.out_dir or default_out_dir(cfg.name)
     out.mkdir(parents=True, exist_ok=True)
     print(f"Results go to {out}")
-    requests = sample_requests(cfg.workload.dataset, load_tokenizer(cfg.tokenizer))
+    prompts: dict[str, list[SampleRequest]] = {}
+    if cfg.judge == "ours" or cfg.our_client:
+        tokenizer = load_tokenizer(cfg.tokenizer)
+        prompts = {w.name: sample_requests(w.workload.dataset, tokenizer) for w in cfg.workloads}
     bandwidth = copy_bandwidth_gbps()  # before any server holds the GPU
 
-    runs: dict[str, dict] = {}
-    results: dict[str, dict | None] = {}
-    for spec in cfg.systems:
-        runs[spec.name], results[spec.name] = run_system(spec, cfg, requests, out)
+    launches: list[dict] = []
+    runs: list[dict] = []
+    rounds = range(cfg.start_repeat, cfg.start_repeat + cfg.repeats)
+    for k in rounds:
+        for position, spec in enumerate(round_order(cfg.systems, k)):
+            launch, launch_runs = run_launch(spec, k, position, cfg, prompts, out)
+            launches.append(launch)
+            runs += launch_runs
 
-    values = collect_values(
-        names,
-        results,
-        {n: runs[n]["ready_s"] for n in names},
-        extra_metrics=[g.metric for g in cfg.gates],
-    )
-    comparison = build_comparison(names, values, cfg.gates)
-    comparison["all_systems_ran"] = all(runs[n]["error"] is None for n in names)
-    comparison["passed"] = comparison["gates_passed"] and comparison["all_systems_ran"]
-    comparison["runs"] = runs
-    comparison["workload"] = jsonable(dataclasses.asdict(cfg.workload))
-    comparison["device_copy_bandwidth_gbps"] = bandwidth
-    if cfg.vllm_client:
-        comparison["client_agreement"] = {
-            n: client_agreement(results[n], _load_json(out, runs[n].get("vllm_client", {})))
-            for n in names
-        }
-    (out / "comparison.json").write_text(json.dumps(comparison, indent=2), encoding="utf-8")
-
+    summary = build_summary(cfg, launches, runs, bandwidth, list(rounds))
+    (out / "summary.json").write_text(json.dumps(jsonable(summary), indent=1), encoding="utf-8")
     commands = {"paired": cfg.command_line}
-    for n in names:
-        commands[f"{n} server"] = (
-            runs[n]["command"] or f"(already running at {runs[n]['base_url']})"
+    for launch in launches:
+        commands[f"r{launch['repeat']} {launch['system']} server"] = launch["command"] or (
+            f"(already running at {launch['base_url']})"
         )
-        if "vllm_client" in runs[n]:
-            commands[f"{n} vllm client"] = runs[n]["vllm_client"]["command"]
+    for run in runs:
+        if run.get("judge_command"):
+            commands[f"r{run['repeat']} {run['system']} {run['workload']} judge"] = run[
+                "judge_command"
+            ]
     (out / "environment.txt").write_text(environment_text(commands), encoding="utf-8")
+    print(format_summary(summary))
+    try:
+        from inferengine.bench.plot import plot_results
 
-    print(format_comparison(comparison))
-    for n in names:
-        if runs[n]["error"]:
-            print(f"{n} did not run: {runs[n]['error']}")
+        plot_results(out)
+    except ImportError as e:  # matplotlib is a dev extra
+        print(f"no plot: {e}")
+    for error in summary["errors"]:
+        print(f"error: {error}")
     print(f"Wrote {out}")
-    return 0 if comparison["passed"] else 1
+    return 0 if summary["passed"] else 1
 
 
-def run_system(
-    spec: SystemSpec, cfg: PairedConfig, requests: Sequence[SampleRequest], out: Path
-) -> tuple[dict, dict | None]:
-    """Launch (or reach), wait, benchmark, stop one system; returns its record and result."""
+def run_launch(
+    spec: SystemSpec,
+    k: int,
+    position: int,
+    cfg: PairedConfig,
+    prompts: Mapping[str, Sequence[SampleRequest]],
+    out: Path,
+) -> tuple[dict, list[dict]]:
+    """Launch (or reach) one system, run every workload on it, stop it."""
     command, base_url = bind_port(spec)
-    workload = system_workload(cfg.workload, spec)
-    log_path = out / f"{spec.name}.log"
-    record: dict = {
+    log_path = out / "logs" / f"r{k}-{spec.name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    launch: dict = {
+        "repeat": k,
+        "position": position,
+        "system": spec.name,
         "preset": spec.preset,
         "command": command,
         "base_url": base_url,
         "ready_s": None,
-        "result_file": None,
-        "log_file": log_path.name,
-        "gpu_trace_file": f"{spec.name}-gpu.csv",
-        "ignore_eos_sent": workload.ignore_eos,
-        "extra_body": workload.extra_body,
+        "log_file": str(log_path.relative_to(out)),
         "error": None,
     }
-    result = None
+    runs: list[dict] = []
     server = None
     trace = GpuTrace(cfg.gpu_interval_s)
     trace.start()
     try:
         if command:
-            print(f"[{spec.name}] starting: {command}")
+            print(f"[r{k} {spec.name}] starting: {command}")
             server = ServerProcess(command, log_path)
         else:
             log_path.write_text(f"# {spec.name} was already running at {base_url}\n")
         ready_s = wait_until_healthy(base_url, cfg.health_timeout_s, server)
         if server is not None:
-            record["ready_s"] = ready_s
-            print(f"[{spec.name}] ready after {ready_s:.1f} s")
-        trace.set_phase("benchmark")
-        serve_cfg = ServeConfig(
-            workload=workload,
-            base_url=base_url,
-            model=spec.model or cfg.model,
-            tokenizer=cfg.tokenizer,
-            label=spec.name,
-            disable_tqdm=cfg.disable_tqdm,
-        )
-        result = run_serve(serve_cfg, requests)
-        result["ready_s"] = record["ready_s"]
-        save_result(result, out / f"{spec.name}.json")
-        record["result_file"] = f"{spec.name}.json"
-        if cfg.vllm_client:
-            trace.set_phase("vllm-client")
-            record["vllm_client"] = run_vllm_client(
-                spec.name, cfg, workload, base_url, result["model_id"], out
-            )
+            launch["ready_s"] = ready_s
+            print(f"[r{k} {spec.name}] ready after {ready_s:.1f} s")
+        for named in cfg.workloads:
+            trace.set_phase(named.name)
+            runs.append(run_workload(spec, named, k, position, base_url, cfg, prompts, out, trace))
     except (InferEngineError, OSError, subprocess.SubprocessError) as e:
-        record["error"] = f"{type(e).__name__}: {e}"
-        print(f"[{spec.name}] failed: {record['error']}")
+        launch["error"] = f"{type(e).__name__}: {e}"
+        print(f"[r{k} {spec.name}] failed: {launch['error']}")
     finally:
         trace.set_phase("shutdown")
         if server is not None:
             server.stop(cfg.stop_timeout_s)
-            trim_log(log_path, cfg.log_lines)
+            trim_log(log_path)
         trace.stop()
-        trace.write_csv(out / record["gpu_trace_file"])
-        record["gpu"] = trace.summary()
-    return record, result
+        phases = trace.phases()
+        launch["gpu"] = {"available": trace.unavailable is None, "phases": phases}
+        if trace.unavailable:
+            launch["gpu"]["unavailable_reason"] = trace.unavailable
+    for run in runs:
+        run["busy_pct"] = phases.get(run["workload"], {}).get("busy_pct")
+        run["metrics"]["busy_pct"] = run["busy_pct"]
+    return launch, runs
 
 
-def run_vllm_client(
-    name: str, cfg: PairedConfig, workload: WorkloadConfig, base_url: str, model: str, out: Path
+def run_workload(
+    spec: SystemSpec,
+    named: NamedWorkload,
+    k: int,
+    position: int,
+    base_url: str,
+    cfg: PairedConfig,
+    prompts: Mapping[str, Sequence[SampleRequest]],
+    out: Path,
+    trace: GpuTrace,
 ) -> dict:
-    """vLLM's `bench serve` with the same workload; its JSON is `<system>-vllm.json`."""
-    result_file = out / f"{name}-vllm.json"
+    """The judge (and maybe our client) on one workload; the judge's numbers are the run's."""
+    workload = system_workload(named.workload, spec)
+    folder = out / "runs" / named.name
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"r{k}-{spec.name}"
+    run: dict = {"repeat": k, "position": position, "system": spec.name, "workload": named.name}
+    model = spec.model or cfg.model
+    if cfg.judge == "vllm":
+        result, record = run_vllm_judge(cfg, workload, base_url, model, folder / f"{stem}.json")
+        run |= record
+    else:
+        result = run_our_client(cfg, workload, base_url, model, prompts[named.name], spec.name)
+        _save(result, folder / f"{stem}.json")
+    run["result_file"] = str((folder / f"{stem}.json").relative_to(out)) if result else None
+    run["metrics"] = run_metrics(result)
+    if result is None:
+        run.setdefault("error", "the judge wrote no result")
+    elif run["metrics"].get("failed"):
+        run.setdefault("error", f"{run['metrics']['failed']:.0f} requests failed")
+    if cfg.our_client and cfg.judge == "vllm":
+        trace.set_phase(f"{named.name}:ours")
+        ours = run_our_client(cfg, workload, base_url, model, prompts[named.name], spec.name)
+        _save(ours, folder / f"{stem}-ours.json")
+        run["our_client"] = run_metrics(ours)
+    print(
+        f"[r{k} {spec.name}] {named.name}: "
+        f"{run['metrics'].get('output_throughput') or 0:.1f} tok/s, "
+        f"median ITL {run['metrics'].get('median_itl_ms') or 0:.2f} ms"
+    )
+    return run
+
+
+def run_our_client(
+    cfg: PairedConfig,
+    workload: WorkloadConfig,
+    base_url: str,
+    model: str | None,
+    requests: Sequence[SampleRequest],
+    label: str,
+) -> dict:
+    serve = ServeConfig(
+        workload=workload,
+        base_url=base_url,
+        model=model,
+        tokenizer=cfg.tokenizer,
+        label=label,
+        disable_tqdm=cfg.disable_tqdm,
+    )
+    return run_serve(serve, requests)
+
+
+def run_vllm_judge(
+    cfg: PairedConfig,
+    workload: WorkloadConfig,
+    base_url: str,
+    model: str | None,
+    result_file: Path,
+) -> tuple[dict | None, dict]:
+    """vLLM's `bench serve` on the workload; its summary JSON, compacted, is `result_file`."""
     argv = vllm_bench_command(
         workload,
         base_url,
         model,
         cfg.tokenizer,
         result_file,
-        label=f"{name}-vllm-client",
+        label=result_file.stem,
         python=cfg.vllm_python,
         pythonpath=cfg.vllm_pythonpath,
     )
-    log = out / f"{name}-vllm-client.log"
-    record = {"command": shlex.join(argv), "log_file": log.name, "returncode": None, "error": None}
-    print(f"[{name}] vLLM client: {record['command']}")
+    record: dict = {"judge_command": shlex.join(argv)}
+    log = result_file.with_suffix(".log")
     try:
         with open(log, "wb") as f:
             proc = subprocess.run(
-                argv, stdout=f, stderr=subprocess.STDOUT, timeout=cfg.vllm_client_timeout_s
+                argv, stdout=f, stderr=subprocess.STDOUT, timeout=cfg.client_timeout_s
             )
-        record["returncode"] = proc.returncode
+        if proc.returncode != 0:
+            record["error"] = f"vllm bench serve exited with {proc.returncode}; see {log.name}"
     except (OSError, subprocess.TimeoutExpired) as e:
         record["error"] = f"{type(e).__name__}: {e}"
-    trim_log(log, cfg.log_lines)
-    record["result_file"] = result_file.name if result_file.exists() else None
-    return record
-
-
-def client_agreement(ours: dict | None, vllm: dict | None) -> dict:
-    """Per headline metric, our client's value over vLLM's client's, on the same server."""
-    if not ours or not vllm:
-        return {"error": "a result is missing"}
-    rows = {}
-    for metric in HEADLINE_METRICS:
-        a, b = metric_value(ours, metric), metric_value(vllm, metric)
-        if a is not None and b is not None:
-            rows[metric] = {"ours": a, "vllm": b, "ratio": ratio(a, b)}
-    deviations = [abs(r["ratio"] - 1) for r in rows.values() if r["ratio"] is not None]
-    return {"metrics": rows, "max_abs_deviation": max(deviations, default=None)}
-
-
-def _load_json(out: Path, record: dict) -> dict | None:
-    name = record.get("result_file")
-    if not name:
-        return None
+    trim_log(log)
     try:
-        return json.loads((out / name).read_text(encoding="utf-8"))
+        result = json.loads(result_file.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
-        return None
+        return None, record
+    _save(result, result_file)
+    return result, record
+
+
+def _save(result: dict, path: Path) -> None:
+    path.write_text(json.dumps(jsonable(compact_result(result)), indent=1), encoding="utf-8")
+
+
+def build_summary(
+    cfg: PairedConfig,
+    launches: Sequence[Mapping],
+    runs: Sequence[Mapping],
+    bandwidth: float | None,
+    rounds: Sequence[int],
+) -> dict:
+    systems = [s.name for s in cfg.systems]
+    ready = {
+        name: {
+            **spread([x["ready_s"] for x in launches if x["system"] == name]),
+            "runs": [x["ready_s"] for x in launches if x["system"] == name],
+        }
+        for name in systems
+    }
+    workloads = {}
+    for named in cfg.workloads:
+        mine = [r for r in runs if r["workload"] == named.name]
+        entry = {
+            "description": named.description,
+            "config": dataclasses.asdict(named.workload),
+            **workload_summary(systems, mine, ready, cfg.gates, named.name),
+        }
+        if named.workload.max_concurrency == 1:
+            entry["floor"] = floor_entry(cfg, named.workload, entry, bandwidth)
+        workloads[named.name] = entry
+    errors = [f"r{x['repeat']} {x['system']}: {x['error']}" for x in launches if x["error"]]
+    errors += [
+        f"r{r['repeat']} {r['system']} {r['workload']}: {r['error']}"
+        for r in runs
+        if r.get("error")
+    ]
+    expected = len(rounds) * len(systems) * len(cfg.workloads)
+    if len(runs) < expected:
+        errors.append(f"{expected - len(runs)} of {expected} runs did not happen")
+    gates_passed = all(v["passed"] for w in workloads.values() for v in w["gates"])
+    judge = "vllm bench serve" if cfg.judge == "vllm" else "inferengine bench serve"
+    return {
+        "format": SUMMARY_FORMAT,
+        "name": cfg.name,
+        "systems": systems,
+        "judge": judge,
+        "judge_version": vllm_version() if cfg.judge == "vllm" else None,
+        "our_client_beside": cfg.our_client and cfg.judge == "vllm",
+        "revision": cfg.revision or git_revision(),
+        "gpu": describe_gpus()[0],
+        "model_dir": cfg.model_dir,
+        "rounds": {k: [s.name for s in round_order(cfg.systems, k)] for k in rounds},
+        "runs_per_system": len(rounds),
+        "device_copy_bandwidth_gbps": bandwidth,
+        "ready_s": ready,
+        "workloads": workloads,
+        "launches": list(launches),
+        "errors": errors,
+        "gates_passed": gates_passed,
+        "passed": gates_passed and not errors,
+    }
+
+
+def floor_entry(
+    cfg: PairedConfig, workload: WorkloadConfig, entry: Mapping, bandwidth: float | None
+) -> dict:
+    """The batch-1 floor at this workload's mean context, and each system's median TPOT over it."""
+    d = workload.dataset
+    floor = batch1_floor(
+        cfg.model_dir, d.random_prefix_len + d.random_input_len, d.random_output_len, bandwidth
+    )
+    over = {}
+    for name, system in entry["systems"].items():
+        tpot = system["spread"].get("median_tpot_ms", {}).get("median")
+        over[name] = tpot / floor["floor_ms"] if tpot and floor.get("floor_ms") else None
+    return {**floor, "tpot_over_floor": over}

@@ -21,8 +21,9 @@ How our workload maps onto vLLM's flags (`vllm_bench_flags` builds exactly this)
     --extra-body JSON                 --extra-body JSON
     --goodput K:V ...                 --goodput K:V ...
     --percentile-metrics, --metric-percentiles   the same names
-    (always)                          --save-result --save-detailed --disable-tqdm
+    (always)                          --save-result --disable-tqdm
                                       --result-dir --result-filename --label
+    (not sent)                        --save-detailed: per-request arrays stay out of results
 
 Not mapped: --request-timeout (vLLM's client waits up to 6 hours). vLLM's client also asks the
 server's /tokenize to re-align random prompts when the tokenizers disagree; ours does not.
@@ -102,12 +103,12 @@ def vllm_bench_command(
     python: str = "python3",
     pythonpath: str = VLLM_PYTHONPATH,
 ) -> list[str]:
-    """The full command (argv) that runs vLLM's client and saves its detailed JSON."""
+    """The full command (argv) that runs vLLM's client and saves its summary JSON."""
     return [
         "env", f"PYTHONPATH={pythonpath}",
         python, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
         *vllm_bench_flags(workload, base_url, model, tokenizer),
-        "--save-result", "--save-detailed", "--disable-tqdm",
+        "--save-result", "--disable-tqdm",
         "--result-dir", str(result_file.parent), "--result-filename", result_file.name,
         "--label", label,
     ]  # fmt: skip

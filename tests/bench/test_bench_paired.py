@@ -1,14 +1,18 @@
-"""`bench paired` end to end with fake servers started as commands, and `bench plot` on its folder."""
+"""`bench paired` end to end with fake servers started as commands: rounds in alternating order,
+every run kept with medians and ranges, a vLLM-shaped judge, lean folders, and `bench plot`."""
 
 from __future__ import annotations
 
 import json
 import shlex
+import statistics
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
+from inferengine.bench.compact import FOLDER_BUDGET_BYTES
 from inferengine.bench.systems import health_ok
 from inferengine.entrypoints.cli.main import main
 
@@ -24,106 +28,194 @@ WORKLOAD = ["--num-prompts", "12", "--random-input-len", "16", "--random-output-
             "--max-concurrency", "4", "--ignore-eos", "--disable-tqdm"]  # fmt: skip
 
 
+def paired(out: Path, systems: list[str], tokenizer_dir: Path, *extra: str) -> int:
+    argv = ["bench", "paired"]
+    for s in systems:
+        argv += ["--system", s]
+    argv += ["--tokenizer", str(tokenizer_dir), "--out-dir", str(out), "--gpu-interval", "0.05"]
+    argv += ["--stop-timeout", "5", *extra]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "pynvml", None)  # NVML absent, also on a GPU machine
+        return main(argv)
+
+
 @pytest.fixture(scope="module")
 def paired_run(tokenizer_dir, tmp_path_factory):
-    """A (fast) and B (15 ms per token) started by `paired`; one gate passes, one fails."""
+    """A (fast) and B (15 ms per token), two rounds, our client as judge; one gate fails."""
     out = tmp_path_factory.mktemp("paired")
     a = fake_command(token_delay_ms=1, startup_delay_s=0.6, log_requests=1)
     b = fake_command(token_delay_ms=15, log_requests=1)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(sys.modules, "pynvml", None)  # NVML absent, also on a GPU machine
-        code = main(
-            ["bench", "paired", "--system", f"A={a}", "--system", f"B={b}",
-             "--tokenizer", str(tokenizer_dir), *WORKLOAD, "--out-dir", str(out),
-             "--gate", "output_throughput>=1.5", "--gate", "median_itl_ms<=2@B",
-             "--log-lines", "5", "--gpu-interval", "0.05", "--stop-timeout", "5"]
-        )  # fmt: skip
-    return code, out
+    code = paired(
+        out, [f"A={a}", f"B={b}"], tokenizer_dir, *WORKLOAD, "--repeats", "2", "--judge", "ours",
+        "--gate", "output_throughput>=1.5", "--gate", "custom:median_itl_ms<=2@B",
+    )  # fmt: skip
+    return code, out, json.loads((out / "summary.json").read_text())
 
 
-def test_paired_writes_every_file(paired_run):
-    code, out = paired_run
+def test_rounds_alternate_and_every_run_is_kept(paired_run):
+    code, out, summary = paired_run
     assert code == 1  # one gate failed
-    names = {p.name for p in out.iterdir()}
-    want = {"A.json", "B.json", "A.log", "B.log", "A-gpu.csv", "B-gpu.csv"}
-    assert want | {"environment.txt", "comparison.json"} <= names
+    assert summary["rounds"] == {"0": ["A", "B"], "1": ["B", "A"]}
+    assert summary["judge"] == "inferengine bench serve" and summary["runs_per_system"] == 2
+    launches = summary["launches"]
+    assert [(x["repeat"], x["system"]) for x in launches] == [
+        (0, "A"),
+        (0, "B"),
+        (1, "B"),
+        (1, "A"),
+    ]
+    for x in launches:
+        assert x["error"] is None and x["ready_s"] > 0
+        assert not health_ok(x["base_url"])  # stopped
+        assert x["gpu"]["available"] is False
+    assert min(x["ready_s"] for x in launches if x["system"] == "A") >= 0.6
+    w = summary["workloads"]["custom"]
+    for name in "AB":
+        runs = w["systems"][name]["runs"]
+        assert sorted(r["repeat"] for r in runs) == [0, 1]
+        thr = [r["metrics"]["output_throughput"] for r in runs]
+        spread = w["systems"][name]["spread"]["output_throughput"]
+        assert spread == {
+            "median": statistics.median(thr), "min": min(thr), "max": max(thr), "n": 2
+        }  # fmt: skip
+        assert all(r["metrics"]["completed"] == 12 and r["metrics"]["failed"] == 0 for r in runs)
+    med = {n: w["systems"][n]["spread"]["median_itl_ms"]["median"] for n in "AB"}
+    assert (
+        w["ratios"]["median_itl_ms"] == pytest.approx(med["A"] / med["B"]) and med["A"] < med["B"]
+    )
+    ready = summary["ready_s"]["A"]
+    assert ready["runs"] == [x["ready_s"] for x in launches if x["system"] == "A"]
 
 
-def test_paired_comparison_and_gates(paired_run):
-    _, out = paired_run
-    comparison = json.loads((out / "comparison.json").read_text())
-    assert comparison["systems"] == ["A", "B"]
-    assert comparison["all_systems_ran"] and not comparison["passed"]
-    gates = comparison["gates"]
+def test_gates_use_the_medians(paired_run):
+    _, _, summary = paired_run
+    gates = summary["workloads"]["custom"]["gates"]
     assert [g["passed"] for g in gates] == [True, False]
     assert gates[0]["target"] == "A/B" and gates[0]["value"] >= 1.5
-    assert gates[1]["target"] == "B" and gates[1]["value"] > 5.0
-    thr = comparison["metrics"]["output_throughput"]
-    assert thr["ratio"] == pytest.approx(thr["values"]["A"] / thr["values"]["B"])
-    itl = comparison["metrics"]["median_itl_ms"]
-    assert itl["better"] == "lower" and itl["ratio"] < 1
-    runs = comparison["runs"]
-    assert runs["A"]["ready_s"] >= 0.6  # /health answers 503 for the first 0.6 s
-    assert runs["B"]["ready_s"] > 0
-    assert comparison["metrics"]["ready_s"]["values"]["A"] == runs["A"]["ready_s"]
-    for run in runs.values():
-        assert run["error"] is None
-        assert not health_ok(run["base_url"])  # the server was stopped
-        assert run["gpu"]["available"] is False  # NVML made unavailable
+    itl_b = summary["workloads"]["custom"]["systems"]["B"]["spread"]["median_itl_ms"]["median"]
+    assert gates[1]["target"] == "B" and gates[1]["value"] == itl_b
+    assert summary["errors"] == [] and summary["passed"] is False
 
 
-def test_paired_results_share_the_workload(paired_run):
-    _, out = paired_run
-    a, b = (json.loads((out / f"{n}.json").read_text()) for n in "AB")
-    assert a["completed"] == b["completed"] == 12 and a["failed"] == b["failed"] == 0
-    assert a["expected_input_lens"] == b["expected_input_lens"]
-    assert a["output_lens"] == b["output_lens"] == a["expected_output_lens"]
-    assert (a["label"], b["label"]) == ("A", "B")
-    assert b["median_itl_ms"] > a["median_itl_ms"]
-    assert {"p99_ttft_ms", "median_tpot_ms", "p99_e2el_ms", "ready_s"} <= a.keys()
-
-
-def test_paired_logs_trace_and_environment(paired_run):
-    _, out = paired_run
-    log = (out / "A.log").read_text().splitlines()
-    assert log[0].startswith("# [trimmed: the first") and len(log) == 6
-    assert log[-1].startswith("request ")
-    assert (out / "A-gpu.csv").read_text().startswith("# NVML unavailable")
+def test_folder_is_lean(paired_run):
+    _, out, summary = paired_run
+    files = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
+    runs = {f"runs/custom/r{k}-{n}.json" for k in (0, 1) for n in "AB"}
+    logs = {f"logs/r{k}-{n}.log" for k in (0, 1) for n in "AB"}
+    assert runs | logs | {"summary.json", "environment.txt", "runs.png"} <= files
+    result = json.loads((out / "runs/custom/r0-A.json").read_text())
+    assert "ttfts" not in result and "itls" not in result and "output_lens" not in result
+    assert result["completed"] == 12 and "ttfts" in result["compacted"]["dropped"]
+    assert sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) < FOLDER_BUDGET_BYTES
     env = (out / "environment.txt").read_text()
-    for key in ("date_utc:", "gpu: NVML unavailable", "torch:", "python:", "platform:", "git:"):
-        assert key in env
-    assert "A server: " in env and str(FAKE) in env and "paired: " in env
+    assert "r0 A server: " in env and "r1 B server: " in env and "paired: " in env
 
 
-def test_plot_writes_small_pngs(paired_run):
-    _, out = paired_run
+def test_plot_draws_every_run(paired_run):
+    _, out, _ = paired_run
     assert main(["bench", "plot", str(out)]) == 0
-    for name in ("throughput.png", "ttft_cdf.png", "itl_cdf.png"):
-        png = out / name
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert png.stat().st_size < 150_000
-    assert not (out / "gpu_util.png").exists()  # no GPU samples to draw
+    png = out / "runs.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 60_000
 
 
-def test_paired_with_running_servers_and_a_failed_launch(fake_server, tokenizer_dir, tmp_path):
-    fast, slow = fake_server(token_delay_ms=0), fake_server(token_delay_ms=8)
-    crash = f"{shlex.quote(sys.executable)} -c 'raise SystemExit(3)' --port {{port}}"
-    code = main(
-        ["bench", "paired", "--system", f"fast=url:{fast.base_url}",
-         "--system", f"slow=url:{slow.base_url}", "--tokenizer", str(tokenizer_dir),
-         *WORKLOAD, "--out-dir", str(tmp_path / "ok"), "--gate", "output_throughput>1"]
+def fake_vllm(root: Path) -> Path:
+    """A `vllm` package whose `bench serve` forwards to ours (vLLM's flags minus --backend)."""
+    pkg = root / "vllm" / "entrypoints" / "cli"
+    pkg.mkdir(parents=True)
+    for d in (root / "vllm", root / "vllm" / "entrypoints", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "main.py").write_text(
+        textwrap.dedent(
+            """
+            import sys
+            from inferengine.entrypoints.cli.main import main
+            argv = sys.argv[1:]
+            i = argv.index("--backend")
+            del argv[i : i + 2]
+            with open(argv[argv.index("--result-dir") + 1] + "/argv.txt", "a") as f:
+                f.write(" ".join(argv) + "\\n")
+            sys.exit(main(argv))
+            """
+        )
+    )
+    return root
+
+
+def test_vllm_judge_with_our_client_beside(fake_server, tokenizer_dir, tmp_path):
+    site = fake_vllm(tmp_path / "site")
+    server = fake_server(token_delay_ms=1)
+    out = tmp_path / "out"
+    code = paired(
+        out, [f"S=url:{server.base_url}"], tokenizer_dir, *WORKLOAD, "--repeats", "1",
+        "--vllm-pythonpath", str(site), "--vllm-python", sys.executable, "--our-client",
+        "--num-warmups", "3",
     )  # fmt: skip
     assert code == 0
-    comparison = json.loads((tmp_path / "ok" / "comparison.json").read_text())
-    assert comparison["passed"] and comparison["runs"]["fast"]["ready_s"] is None
-    assert "already running" in (tmp_path / "ok" / "fast.log").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["judge"] == "vllm bench serve" and summary["our_client_beside"]
+    run = summary["workloads"]["custom"]["systems"]["S"]["runs"][0]
+    assert run["metrics"]["completed"] == 12 and run["our_client"]["completed"] == 12
+    assert (
+        "--num-warmups 3" in run["judge_command"] and "--save-detailed" not in run["judge_command"]
+    )
+    assert (out / "runs/custom/r0-S.json").exists() and (
+        out / "runs/custom/r0-S-ours.json"
+    ).exists()
+    argv = (out / "runs/custom/argv.txt").read_text()
+    assert "--ignore-eos" in argv and "--max-concurrency 4" in argv
 
-    code = main(
-        ["bench", "paired", "--system", f"fast=url:{fast.base_url}", "--system", f"bad={crash}",
-         "--tokenizer", str(tokenizer_dir), *WORKLOAD, "--out-dir", str(tmp_path / "bad")]
+
+def test_start_repeat_continues_the_order(fake_server, tokenizer_dir, tmp_path):
+    a, b = fake_server(token_delay_ms=0), fake_server(token_delay_ms=0)
+    out = tmp_path / "out"
+    code = paired(
+        out, [f"A=url:{a.base_url}", f"B=url:{b.base_url}"], tokenizer_dir, *WORKLOAD,
+        "--judge", "ours", "--repeats", "1", "--start-repeat", "1",
     )  # fmt: skip
-    assert code == 1  # no gates, but a system did not run
-    comparison = json.loads((tmp_path / "bad" / "comparison.json").read_text())
-    assert "exited with code 3" in comparison["runs"]["bad"]["error"]
-    assert comparison["runs"]["fast"]["error"] is None
-    assert (tmp_path / "bad" / "fast.json").exists() and (tmp_path / "bad" / "bad-gpu.csv").exists()
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == {"1": ["B", "A"]}
+    assert summary["ready_s"]["A"]["median"] is None  # already running: no launch time
+
+
+def test_failed_launch_is_reported_and_others_run(fake_server, tokenizer_dir, tmp_path):
+    fast = fake_server(token_delay_ms=0)
+    crash = f"{shlex.quote(sys.executable)} -c 'raise SystemExit(3)' --port {{port}}"
+    out = tmp_path / "bad"
+    code = paired(
+        out, [f"fast=url:{fast.base_url}", f"bad={crash}"], tokenizer_dir, *WORKLOAD,
+        "--judge", "ours", "--repeats", "1",
+    )  # fmt: skip
+    assert code == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert any("exited with code 3" in e for e in summary["errors"])
+    assert (
+        summary["workloads"]["custom"]["systems"]["fast"]["runs"][0]["metrics"]["completed"] == 12
+    )
+    assert summary["workloads"]["custom"]["systems"]["bad"]["runs"] == []
+    assert any("did not happen" in e for e in summary["errors"])
+
+
+def test_named_workloads_refuse_workload_flags(tokenizer_dir, tmp_path, capsys):
+    code = main(
+        ["bench", "paired", "--system", "A=url:http://127.0.0.1:9", "--tokenizer",
+         str(tokenizer_dir), "--workload", "w1", "--num-prompts", "5", "--judge", "ours"]
+    )  # fmt: skip
+    assert code != 0 and "--workload fixes every workload flag" in capsys.readouterr().err
+
+
+def test_gate_for_a_workload_not_run_is_refused(tokenizer_dir, tmp_path, capsys):
+    code = main(
+        ["bench", "paired", "--system", "A=url:http://127.0.0.1:9", "--tokenizer",
+         str(tokenizer_dir), "--workload", "w1", "--judge", "ours",
+         "--gate", "c256:output_throughput>=1"]
+    )  # fmt: skip
+    assert code != 0 and "names workload 'c256'" in capsys.readouterr().err
+
+
+def test_vllm_judge_missing_is_refused(tokenizer_dir, tmp_path, capsys):
+    code = main(
+        ["bench", "paired", "--system", "A=url:http://127.0.0.1:9", "--tokenizer",
+         str(tokenizer_dir), "--judge", "vllm", "--vllm-pythonpath", str(tmp_path)]
+    )  # fmt: skip
+    assert code != 0 and "--judge ours" in capsys.readouterr().err

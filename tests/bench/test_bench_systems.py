@@ -122,6 +122,11 @@ def test_gpu_trace_samples_on_its_interval(tmp_path):
     assert lines[2].endswith(",")  # no power reading: an empty cell
     summary = trace.summary()
     assert summary["available"] and summary["peak_mem_used_mib"] == 1024.0
+    phases = trace.phases()
+    assert list(phases) == ["startup", "benchmark"]
+    bench = phases["benchmark"]
+    assert bench["busy_pct"] == 25.0 and bench["busy_pct_per_gpu"] == {0: 50.0, 1: 0.0}
+    assert bench["peak_mem_used_mib"] == 1024.0 and 0.2 <= bench["seconds"] <= 0.6
 
 
 def test_gpu_trace_without_nvml(tmp_path):
@@ -186,7 +191,7 @@ def test_vllm_client_command_for_other_datasets(tmp_path):
     assert v["--backend"] == "openai-chat" and v["--dataset-name"] == "prefix_repetition"
     assert "--temperature" not in v and "--model" not in v
     assert (v["--result-dir"], v["--result-filename"]) == (str(tmp_path), "A-vllm.json")
-    assert "--save-detailed" in v
+    assert "--save-result" in v and "--save-detailed" not in v  # no per-request arrays
     share = WorkloadConfig(dataset=DatasetConfig(name="sharegpt", path="/d.json"))
     v = flag_values(vllm_bench_flags(share, "http://h:1", "m", "/tok"))
     assert v["--dataset-path"] == "/d.json" and "--sharegpt-output-len" not in v

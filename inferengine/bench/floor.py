@@ -1,0 +1,79 @@
+"""The bandwidth floor of a decode step: the bytes it must read, over the GPU's measured copy rate.
+
+A decode step reads every weight of the layers, the final norm and the LM head once, and the KV
+cache of each sequence's context. It does not read the input embedding table (only one row per
+token, which is counted), so an untied embedding is left out; a tied one is read as the LM head.
+Dense decoder configs (Llama, Mistral, Qwen2, Qwen3) only; others give None with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class DecodeBytes:
+    weights: int  # layers + final norm + LM head
+    kv_cache: int  # the contexts' keys and values
+    embedding_rows: int  # one input embedding row per sequence
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.embedding_rows
+
+
+def decode_step_bytes(
+    config: dict, batch: int, context_len: float, dtype_bytes: int = 2
+) -> DecodeBytes:
+    """Bytes one decode step of `batch` sequences, each `context_len` tokens long, reads."""
+    model_type = config.get("model_type")
+    if model_type not in DENSE_MODEL_TYPES:
+        raise ValueError(f"no decode byte count for model_type {model_type!r}")
+    h = config["hidden_size"]
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or h // heads
+    q, kv = heads * head_dim, kv_heads * head_dim
+    attention = h * q + 2 * h * kv + q * h
+    if model_type == "qwen2" or config.get("attention_bias"):
+        attention += q + 2 * kv
+    if model_type == "qwen3":
+        attention += 2 * head_dim  # q and k norms
+    mlp = 3 * h * config["intermediate_size"]
+    layer = attention + mlp + 2 * h  # two RMS norms
+    params = config["num_hidden_layers"] * layer + h + config["vocab_size"] * h
+    kv_per_token = config["num_hidden_layers"] * 2 * kv
+    return DecodeBytes(
+        weights=params * dtype_bytes,
+        kv_cache=round(batch * context_len * kv_per_token * dtype_bytes),
+        embedding_rows=batch * h * dtype_bytes,
+    )
+
+
+def batch1_floor(
+    model_dir: str | Path | None, input_len: float, output_len: float, copy_gbps: float | None
+) -> dict:
+    """The floor of a batch-1 decode step at the mean context (prompt + half the output)."""
+    if copy_gbps is None:
+        return {"floor_ms": None, "reason": "no CUDA device to measure the copy rate on"}
+    if model_dir is None:
+        return {"floor_ms": None, "reason": "no --model-dir to read the config from"}
+    try:
+        config = json.loads(Path(model_dir, "config.json").read_text(encoding="utf-8"))
+        dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+        context = input_len + output_len / 2
+        counted = decode_step_bytes(config, 1, context, DTYPE_BYTES.get(str(dtype), 2))
+    except (OSError, ValueError, KeyError) as e:
+        return {"floor_ms": None, "reason": f"{type(e).__name__}: {e}"}
+    return {
+        "floor_ms": counted.total / (copy_gbps * 1e9) * 1e3,
+        "bytes": {**asdict(counted), "total": counted.total},
+        "context_len": context,
+        "copy_gbps": copy_gbps,
+        "counts": "layer weights, final norm, LM head, KV of the context, one embedding row",
+    }

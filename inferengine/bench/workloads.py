@@ -1,0 +1,93 @@
+"""The named workloads of `bench paired --workload NAME`: the README's comparisons, fixed in code.
+
+Every workload sends random token prompts (vLLM's `random` dataset, the same seed for every
+system), asks for exactly the output length (`ignore_eos`) at temperature 0, and warms each
+server up with the same requests before it is measured. `long-prompt` needs a server started
+with `--max-model-len 8192` or more; the others fit 2048.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferengine.bench.config import PERCENTILE_METRICS, DatasetConfig, WorkloadConfig
+from inferengine.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class NamedWorkload:
+    name: str
+    description: str
+    workload: WorkloadConfig
+
+
+def _random(
+    description: str,
+    *,
+    input_len: int,
+    output_len: int,
+    num_prompts: int,
+    concurrency: int,
+    warmups: int,
+    range_ratio: float = 0.0,
+    prefix_len: int = 0,
+) -> tuple[str, WorkloadConfig]:
+    dataset = DatasetConfig(
+        name="random",
+        num_prompts=num_prompts,
+        random_input_len=input_len,
+        random_output_len=output_len,
+        random_range_ratio=range_ratio,
+        random_prefix_len=prefix_len,
+    )
+    workload = WorkloadConfig(
+        dataset=dataset,
+        max_concurrency=concurrency,
+        ignore_eos=True,
+        temperature=0.0,
+        num_warmups=warmups,
+        percentile_metrics=PERCENTILE_METRICS,
+        metric_percentiles=(99.0,),
+    )
+    return description, workload
+
+
+_DEFINITIONS: dict[str, tuple[str, WorkloadConfig]] = {
+    "w1": _random(
+        "100 prompts, in 256 ±50%, out 64 ±50%, concurrency 16",
+        input_len=256, output_len=64, range_ratio=0.5, num_prompts=100, concurrency=16,
+        warmups=16,
+    ),
+    "batch1": _random(
+        "8 prompts, in 256, out 128, one at a time",
+        input_len=256, output_len=128, num_prompts=8, concurrency=1, warmups=2,
+    ),
+    "c256": _random(
+        "500 prompts, in 512, out 256, concurrency 256",
+        input_len=512, output_len=256, num_prompts=500, concurrency=256, warmups=32,
+    ),
+    "shared-prefix": _random(
+        "200 prompts, a 1024-token prefix shared by all + 256 own, out 128, concurrency 32",
+        input_len=256, output_len=128, prefix_len=1024, num_prompts=200, concurrency=32,
+        warmups=16,
+    ),
+    "long-prompt": _random(
+        "48 prompts, in 6144, out 128, concurrency 8 (server --max-model-len 8192)",
+        input_len=6144, output_len=128, num_prompts=48, concurrency=8, warmups=4,
+    ),
+}  # fmt: skip
+
+WORKLOADS: dict[str, NamedWorkload] = {
+    name: NamedWorkload(name, description, workload)
+    for name, (description, workload) in _DEFINITIONS.items()
+}
+
+
+def named_workload(name: str) -> NamedWorkload:
+    try:
+        return WORKLOADS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown workload {name!r}; named workloads are {', '.join(WORKLOADS)} "
+            "(or leave out --workload and describe one with the workload flags)"
+        ) from None

@@ -1,0 +1,71 @@
+"""The decode bandwidth floor counts what a decode step reads: Transformers' parameters minus the
+input embedding (unless tied), plus the context's KV and one embedding row per sequence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from inferengine.bench.floor import batch1_floor, decode_step_bytes
+
+QWEN = Path(__file__).resolve().parents[2] / "configs" / "qwen2.5-7b"
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 300,
+    "max_position_embeddings": 256,
+}
+
+
+@pytest.mark.parametrize(
+    ("model_type", "extra"),
+    [
+        ("llama", {"tie_word_embeddings": False}),
+        ("llama", {"tie_word_embeddings": True}),
+        ("mistral", {"sliding_window": 32}),
+        ("qwen2", {"tie_word_embeddings": False}),
+        ("qwen3", {"head_dim": 32, "tie_word_embeddings": False}),
+    ],
+)
+def test_weight_bytes_are_transformers_parameters_minus_the_input_embedding(model_type, extra):
+    import transformers
+
+    config = {"model_type": model_type, **TINY, **extra}
+    hf_config = transformers.AutoConfig.for_model(**config)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config)
+    params = {name: p.numel() for name, p in model.named_parameters()}  # tied: counted once
+    embedding = params.pop("model.embed_tokens.weight")
+    read = sum(params.values()) + (embedding if extra.get("tie_word_embeddings") else 0)
+    counted = decode_step_bytes(config, batch=1, context_len=0, dtype_bytes=2)
+    assert counted.weights == 2 * read
+
+
+def test_kv_and_embedding_rows_scale_with_batch_and_context():
+    config = {"model_type": "llama", **TINY}
+    one = decode_step_bytes(config, 1, 100, 2)
+    four = decode_step_bytes(config, 4, 100, 2)
+    kv_per_token = 3 * 2 * (2 * 16) * 2  # layers x (K, V) x kv heads x head dim x bytes
+    assert one.kv_cache == 100 * kv_per_token and four.kv_cache == 4 * one.kv_cache
+    assert one.embedding_rows == 64 * 2 and four.weights == one.weights
+
+
+def test_qwen25_7b_floor_leaves_out_the_embedding(tmp_path):
+    config = json.loads((QWEN / "config.json").read_text())
+    counted = decode_step_bytes(config, 1, 320, 2)
+    embedding = config["vocab_size"] * config["hidden_size"] * 2
+    assert 14.1e9 < counted.weights < 14.2e9  # 15.2 GB of parameters minus 1.09 GB embedding
+    floor = batch1_floor(QWEN, 256, 128, copy_gbps=3000.0)
+    assert floor["context_len"] == 320
+    assert floor["floor_ms"] == pytest.approx(floor["bytes"]["total"] / 3e12 * 1e3)
+    assert floor["bytes"]["total"] < counted.weights + embedding
+
+
+def test_floor_says_why_it_is_missing(tmp_path):
+    assert "no CUDA" in batch1_floor(QWEN, 1, 1, None)["reason"]
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mixtral"}))
+    assert "mixtral" in batch1_floor(tmp_path, 1, 1, 3000.0)["reason"]
