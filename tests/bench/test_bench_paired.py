@@ -53,7 +53,7 @@ def paired_run(tokenizer_dir, tmp_path_factory):
 
 
 def test_rounds_alternate_and_every_run_is_kept(paired_run):
-    code, out, summary = paired_run
+    code, _, summary = paired_run
     assert code == 1  # one gate failed
     assert summary["rounds"] == {"0": ["A", "B"], "1": ["B", "A"]}
     assert summary["judge"] == "inferengine bench serve" and summary["runs_per_system"] == 2
@@ -98,7 +98,7 @@ def test_gates_use_the_medians(paired_run):
 
 
 def test_folder_is_lean(paired_run):
-    _, out, summary = paired_run
+    _, out, _ = paired_run
     files = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
     runs = {f"runs/custom/r{k}-{n}.json" for k in (0, 1) for n in "AB"}
     logs = {f"logs/r{k}-{n}.log" for k in (0, 1) for n in "AB"}
