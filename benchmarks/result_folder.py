@@ -20,7 +20,8 @@ def write_result_folder(
     root: str | Path | None = None,
 ) -> Path:
     """`<root>/<UTC stamp>-<name>/` (root: `benchmarks/results`), or exactly `out_dir`, with
-    results.json, command.txt and environment.txt."""
+    results.json, command.txt and environment.txt; compacted if over its size budget."""
+    from inferengine.bench.compact import FOLDER_BUDGET_BYTES, compact_folder, folder_bytes
     from inferengine.bench.environment import environment_text
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -30,4 +31,12 @@ def write_result_folder(
     (folder / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (folder / "command.txt").write_text(command + "\n")
     (folder / "environment.txt").write_text(environment_text({name: command}))
+    if folder_bytes(folder) > FOLDER_BUDGET_BYTES:
+        report = compact_folder(folder)
+        print(
+            f"{folder}: {report['bytes_before']:,} bytes is over the {FOLDER_BUDGET_BYTES:,} "
+            f"budget; compacted to {report['bytes_after']:,} (see COMPACTED.txt):"
+        )
+        for action in report["actions"]:
+            print(f"  {action}")
     return folder
