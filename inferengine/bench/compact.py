@@ -273,14 +273,15 @@ def folder_bytes(folder: Path) -> int:
 
 
 def compact_folder(folder: Path) -> dict[str, Any]:
-    """Compacts every file over SMALL_FILE_BYTES in `folder` (comparison.json excepted) and notes
-    it in COMPACTED.txt; running it again changes nothing."""
+    """Compacts every file over SMALL_FILE_BYTES in `folder` (comparison.json excepted; GPU
+    CSVs all or none, so systems compare) and notes it in COMPACTED.txt; idempotent."""
     folder = Path(folder)
     before = folder_bytes(folder)
-    actions = []
-    for path in sorted(p for p in folder.iterdir() if p.is_file()):
-        if path.stat().st_size > SMALL_FILE_BYTES and (action := _compact_file(path, folder)):
-            actions.append(action)
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    big = {p for p in files if p.stat().st_size > SMALL_FILE_BYTES}
+    if any(p.name.endswith("-gpu.csv") for p in big):
+        big |= {p for p in files if p.name.endswith("-gpu.csv")}
+    actions = [a for p in files if p in big and (a := _compact_file(p, folder))]
     if actions:
         note = folder / "COMPACTED.txt"
         header = (

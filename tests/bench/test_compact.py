@@ -196,7 +196,7 @@ errors="0" skipped="1" time="12.5">{cases}
 """
 
 
-SMALL_FILES = ("environment.txt", "small.json")
+SMALL_FILES = ("environment.txt", "small.json", "vllm-gpu.csv")
 
 
 def make_folder(folder: Path) -> dict[str, bytes]:
@@ -212,6 +212,7 @@ def make_folder(folder: Path) -> dict[str, bytes]:
     (folder / "vllm.log").write_text("".join(f"INFO request {i} done\n" for i in range(2000)))
     benchmark_rows = "".join(GPU_CSV.splitlines(keepends=True)[3:])
     (folder / "inferengine-gpu.csv").write_text(GPU_CSV + benchmark_rows * 400)
+    (folder / "vllm-gpu.csv").write_text(GPU_CSV)  # small, but summarised with its peer
     events = [{"cat": "kernel", "name": "gemm", "dur": 10.0}] * 3000
     events += [{"cat": "cpu_op", "name": "aten::mm", "dur": 50.0}] * 10
     events += [{"cat": "gpu_memcpy", "name": "Memcpy HtoD", "dur": 2.5}] * 4
@@ -238,6 +239,7 @@ def test_compact_folder(tmp_path):
         "inferengine.json",
         "small.json",
         "trace-top-kernels.json",
+        "vllm-gpu-summary.json",
         "vllm.json",
         "vllm.log",
     ]
@@ -245,7 +247,7 @@ def test_compact_folder(tmp_path):
         assert after[kept] == before[kept]
     assert report["bytes_before"] == sum(map(len, before.values()))
     assert report["bytes_after"] == folder_bytes(folder) < 20_000 + 12_000
-    assert len(report["actions"]) == 6
+    assert len(report["actions"]) == 7
 
     for name in ("inferengine.json", "vllm.json"):
         assert json.loads(after[name]) == {
@@ -285,6 +287,7 @@ def test_compact_folder(tmp_path):
         "- vllm.json.gz: dropped " + ", ".join(OUR_ARRAYS) + "; now plain vllm.json",
         "- vllm.log: kept the first 40 and last 120 lines, dropped 1840",
         "- inferengine-gpu.csv: replaced by inferengine-gpu-summary.json",
+        "- vllm-gpu.csv: replaced by vllm-gpu-summary.json",
         "- trace.json.gz: replaced by trace-top-kernels.json",
         "- gpu-tests.xml: replaced by gpu-tests-summary.json",
     ):
