@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import re
 import statistics
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -77,16 +78,28 @@ def compact_result(result: dict) -> dict:
     return out
 
 
-def trim_log(path: Path, head: int = 40, tail: int = 120, max_line_chars: int = 400) -> str | None:
-    """Keeps the first `head` and last `tail` lines and cuts overlong lines (progress bars), in
-    place; says what it did, or None when the log was left as is."""
+def trim_log(
+    path: Path,
+    head: int = 40,
+    tail: int = 120,
+    max_line_chars: int = 400,
+    keep: str | None = None,
+    keep_max: int = 200,
+) -> str | None:
+    """Keeps the first `head` and last `tail` lines, and up to `keep_max` lines between them
+    that match the regex `keep` (a server's periodic stats), and cuts overlong lines (progress
+    bars), in place; says what it did, or None when the log was left as is."""
     text = path.read_bytes().decode("utf-8", errors="replace")
     ends_with_newline = text.endswith("\n")
     lines = text.removesuffix("\n").split("\n")
     notes = []
-    if len(lines) > head + tail + 1:
-        gap = len(lines) - head - tail
-        lines = [*lines[:head], f"[... {gap} lines dropped ...]", *lines[len(lines) - tail :]]
+    middle = lines[head : max(head, len(lines) - tail)]
+    kept = [x for x in middle if keep and re.search(keep, x)][-keep_max:]
+    gap = len(middle) - len(kept)
+    if gap > 1:  # one line is the mark of an earlier trim
+        mark = f"[... {gap} lines dropped"
+        mark += f", {len(kept)} matching {keep!r} kept ...]" if kept else " ...]"
+        lines = [*lines[:head], mark, *kept, *lines[len(lines) - tail :]]
         notes.append(f"kept the first {head} and last {tail} lines, dropped {gap}")
     cut = 0
     keep = max_line_chars - 30  # room for the mark, so a second pass finds nothing to cut

@@ -42,21 +42,35 @@ def torch_versions() -> str:
     return f"torch: {torch.__version__}, CUDA: {cuda}"
 
 
+def cpu_model() -> str:
+    """The CPU's model name (a CPU-bound front end's speed follows it), or why it is unknown."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError as e:
+        return f"unknown ({e})"
+    return platform.processor() or "unknown"
+
+
 def vllm_version() -> str:
     infos = sorted(Path(VLLM_PYTHONPATH).glob("vllm-*.dist-info"))
     return infos[-1].name.removesuffix(".dist-info") if infos else "not unpacked"
 
 
-def environment_text(command_lines: dict[str, str]) -> str:
-    """The whole environment.txt: one `key: value` per line, then every command line run."""
+def environment_text(command_lines: dict[str, str], revision: str | None = None) -> str:
+    """The whole environment.txt: one `key: value` per line, then every command line run.
+
+    `revision` is what the caller says it measured (a copied checkout may carry a stale .git)."""
     lines = [
         f"date_utc: {datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}",
         *describe_gpus(),
         torch_versions(),
         f"python: {sys.version.split()[0]} ({sys.executable})",
         f"platform: {platform.platform()}",
-        f"cpu_count: {os.cpu_count()}",
+        f"cpu: {cpu_model()}, {os.cpu_count()} logical cores",
         f"git: {git_revision()}",
+        *([f"revision measured (given): {revision}"] if revision else []),
         f"vllm ({VLLM_PYTHONPATH}): {vllm_version()}",
         "",
         "commands:",

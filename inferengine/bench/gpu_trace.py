@@ -104,6 +104,7 @@ class GpuTrace:
         self.interval_s = interval_s
         self._factory = sampler_factory
         self.samples: list[GpuSample] = []
+        self.started_at = time.time()  # wall clock of t_s == 0
         self.unavailable: str | None = None
         self._phase = "startup"
         self._stop = threading.Event()
@@ -128,6 +129,7 @@ class GpuTrace:
 
     def _loop(self, sampler: Sampler) -> None:
         t0 = time.perf_counter()
+        self.started_at = time.time()
         try:
             while not self._stop.is_set():
                 tick = time.perf_counter()
@@ -147,6 +149,13 @@ class GpuTrace:
             writer.writerow([fl.name for fl in fields(GpuSample)])
             for s in self.samples:
                 writer.writerow(["" if v is None else v for v in astuple(s)])
+
+    def busy_between(self, start: float, end: float) -> float | None:
+        """Mean utilization (%) of the samples taken between two wall-clock times, e.g. a
+        client's measured window; None with fewer than two samples there."""
+        lo, hi = start - self.started_at, end - self.started_at
+        values = [s.util_pct for s in list(self.samples) if lo <= s.t_s <= hi]
+        return round(sum(values) / len(values), 2) if len(values) >= 2 else None
 
     def phases(self) -> dict[str, dict]:
         """Per phase: its length, how busy the GPUs were (NVML's utilization is the share of

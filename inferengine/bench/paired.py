@@ -4,8 +4,9 @@ A run is `repeats` rounds. Round k launches the systems in turn, the order rotat
 then B A, ...), so that neither always goes first on a cold or a warm GPU. Each launch waits for
 /health (the ready time), then runs every workload through the judge — `vllm bench serve` when
 vLLM is there, else our `bench serve` — with the workload's warm-up requests first, the same for
-every system; our client may run beside the judge. NVML samples the GPU throughout, so each
-workload gets the share of time the GPU was busy. The folder keeps, within a size budget:
+every system; our client may run beside the judge. NVML samples the GPU throughout; each run
+gets the share of its measured window (the judge's `duration`) in which the GPU was busy. The
+folder keeps, within a size budget:
 
     summary.json                 every run's judge numbers, their median and range per system,
                                  ratios of medians, the decode bandwidth floor, gates
@@ -16,10 +17,12 @@ workload gets the share of time the GPU was busy. The folder keeps, within a siz
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import shlex
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -33,7 +36,7 @@ from inferengine.bench.environment import environment_text, git_revision, vllm_v
 from inferengine.bench.floor import batch1_floor
 from inferengine.bench.gates import Gate
 from inferengine.bench.gpu_trace import DEFAULT_INTERVAL_S, GpuTrace, describe_gpus
-from inferengine.bench.runner import jsonable, run_serve
+from inferengine.bench.runner import fetch_first_model, jsonable, new_session, run_serve
 from inferengine.bench.summary import format_summary, run_metrics, spread, workload_summary
 from inferengine.bench.systems import ServerProcess, SystemSpec, bind_port, wait_until_healthy
 from inferengine.bench.vllm_client import VLLM_PYTHONPATH, vllm_bench_command
@@ -43,6 +46,7 @@ from inferengine.errors import ConfigError, InferEngineError
 RESULTS_ROOT = Path("benchmarks/results")
 SUMMARY_FORMAT = "inferengine-bench-paired/2"
 JUDGES = ("vllm", "ours")
+SERVER_STATS = r"throughput|Running:|KV cache usage|preempt"  # log lines kept from the middle
 
 
 @dataclass
@@ -151,7 +155,7 @@ def run_paired(cfg: PairedConfig) -> int:
             commands[f"r{run['repeat']} {run['system']} {run['workload']} judge"] = run[
                 "judge_command"
             ]
-    (out / "environment.txt").write_text(environment_text(commands), encoding="utf-8")
+    (out / "environment.txt").write_text(environment_text(commands, cfg.revision), encoding="utf-8")
     print(format_summary(summary))
     try:
         from inferengine.bench.plot import plot_results
@@ -212,15 +216,11 @@ def run_launch(
         trace.set_phase("shutdown")
         if server is not None:
             server.stop(cfg.stop_timeout_s)
-            trim_log(log_path)
+            trim_log(log_path, keep=SERVER_STATS)
         trace.stop()
-        phases = trace.phases()
-        launch["gpu"] = {"available": trace.unavailable is None, "phases": phases}
+        launch["gpu"] = {"available": trace.unavailable is None, "phases": trace.phases()}
         if trace.unavailable:
             launch["gpu"]["unavailable_reason"] = trace.unavailable
-    for run in runs:
-        run["busy_pct"] = phases.get(run["workload"], {}).get("busy_pct")
-        run["metrics"]["busy_pct"] = run["busy_pct"]
     return launch, runs
 
 
@@ -241,15 +241,22 @@ def run_workload(
     folder.mkdir(parents=True, exist_ok=True)
     stem = f"r{k}-{spec.name}"
     run: dict = {"repeat": k, "position": position, "system": spec.name, "workload": named.name}
-    model = spec.model or cfg.model
+    model = spec.model or cfg.model or served_model(base_url)
     if cfg.judge == "vllm":
         result, record = run_vllm_judge(cfg, workload, base_url, model, folder / f"{stem}.json")
         run |= record
+        # The judge writes its JSON as its measured window closes; its start-up, the prompt
+        # sampling and the warm-up lie before that window and are not counted as idle.
+        ended = (folder / f"{stem}.json").stat().st_mtime if result else None
     else:
         result = run_our_client(cfg, workload, base_url, model, prompts[named.name], spec.name)
+        ended = time.time()
         _save(result, folder / f"{stem}.json")
     run["result_file"] = str((folder / f"{stem}.json").relative_to(out)) if result else None
     run["metrics"] = run_metrics(result)
+    duration = run["metrics"].get("duration")
+    busy = trace.busy_between(ended - duration, ended) if ended and duration else None
+    run["metrics"]["busy_pct"] = busy
     if result is None:
         run.setdefault("error", "the judge wrote no result")
     elif run["metrics"].get("failed"):
@@ -265,6 +272,17 @@ def run_workload(
         f"median ITL {run['metrics'].get('median_itl_ms') or 0:.2f} ms"
     )
     return run
+
+
+def served_model(base_url: str) -> str:
+    """The first model id the server lists, named explicitly to every client: vLLM's client
+    asks /tokenize to align its random prompts only when it is given the model's name."""
+
+    async def ask() -> str:
+        async with new_session(None) as session:
+            return (await fetch_first_model(session, base_url))[0]
+
+    return asyncio.run(ask())
 
 
 def run_our_client(
@@ -372,6 +390,7 @@ def build_summary(
         "judge": judge,
         "judge_version": vllm_version() if cfg.judge == "vllm" else None,
         "our_client_beside": cfg.our_client and cfg.judge == "vllm",
+        "busy_window": "the judge's measured window (its duration, ending when it wrote its JSON)",
         "revision": cfg.revision or git_revision(),
         "gpu": describe_gpus()[0],
         "model_dir": cfg.model_dir,

@@ -163,6 +163,7 @@ def test_vllm_judge_with_our_client_beside(fake_server, tokenizer_dir, tmp_path)
     ).exists()
     argv = (out / "runs/custom/argv.txt").read_text()
     assert "--ignore-eos" in argv and "--max-concurrency 4" in argv
+    assert "--model fake-model" in argv  # named, so that vLLM's client aligns its prompts
 
 
 def test_start_repeat_continues_the_order(fake_server, tokenizer_dir, tmp_path):

@@ -127,6 +127,9 @@ def test_gpu_trace_samples_on_its_interval(tmp_path):
     bench = phases["benchmark"]
     assert bench["busy_pct"] == 25.0 and bench["busy_pct_per_gpu"] == {0: 50.0, 1: 0.0}
     assert bench["peak_mem_used_mib"] == 1024.0 and 0.2 <= bench["seconds"] <= 0.6
+    t0 = trace.started_at
+    assert trace.busy_between(t0, t0 + 10) == 25.0  # both GPUs, every sample
+    assert trace.busy_between(t0 + 20, t0 + 30) is None  # no samples in that window
 
 
 def test_gpu_trace_without_nvml(tmp_path):

@@ -132,6 +132,26 @@ def test_trim_log_keeps_head_and_tail_and_cuts_long_lines(tmp_path):
     assert log.read_bytes() == trimmed
 
 
+def test_trim_log_keeps_matching_lines_from_the_middle(tmp_path):
+    log = tmp_path / "vllm.log"
+    lines = [f"step {i}" for i in range(100)]
+    lines[50] = "Avg generation throughput: 7025.7 tokens/s, Running: 243 reqs"
+    log.write_text("\n".join(lines) + "\n")
+    assert trim_log(log, head=2, tail=2, keep="throughput") is not None
+    assert log.read_text().split("\n") == [
+        "step 0",
+        "step 1",
+        "[... 95 lines dropped, 1 matching 'throughput' kept ...]",
+        lines[50],
+        "step 98",
+        "step 99",
+        "",
+    ]
+    trimmed = log.read_bytes()
+    assert trim_log(log, head=2, tail=2, keep="throughput") is None
+    assert log.read_bytes() == trimmed
+
+
 def test_trim_log_leaves_a_short_log_alone(tmp_path):
     log = tmp_path / "client.log"
     log.write_text("a\nb\nc")

@@ -1,0 +1,77 @@
+"""The README's performance section is exactly what benchmarks/readme_performance.py makes of the
+result folders, and the script lists every run at the newest revision, not the best one."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location(
+        "readme_performance", ROOT / "benchmarks" / "readme_performance.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_matches_the_result_folders():
+    script = load_script()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert script.BEGIN in readme and script.END in readme
+    assert script.replace_section(readme, script.render()) == readme, (
+        "README.md's performance section is stale: run python benchmarks/readme_performance.py"
+    )
+
+
+def summary(revision: str, repeat: int, thr: dict[str, float]) -> dict:
+    def run(system: str) -> dict:
+        metrics = {"output_throughput": thr[system], "median_ttft_ms": 10.0, "busy_pct": 50.0}
+        return {"repeat": repeat, "system": system, "metrics": metrics}
+
+    systems = list(thr)
+    return {
+        "format": "inferengine-bench-paired/2",
+        "revision": revision,
+        "judge": "vllm bench serve",
+        "judge_version": "vllm-0.26.0",
+        "gpu": "gpu 0: NVIDIA H100 80GB HBM3, 79.6 GiB",
+        "model_dir": "configs/x",
+        "systems": systems,
+        "busy_window": "the judge's measured window",
+        "workloads": {
+            "w1": {
+                "description": "w1 text",
+                "systems": {s: {"runs": [run(s)]} for s in systems},
+            }
+        },
+        "launches": [{"system": s, "ready_s": 10.0 + repeat, "repeat": repeat} for s in systems],
+    }
+
+
+def test_every_run_of_the_newest_revision_is_listed(tmp_path):
+    script = load_script()
+    results = tmp_path / "results"
+    folders = {
+        "20260101T000000Z-paired-r0": summary("old", 0, {"inferengine": 999.0, "vllm": 1.0}),
+        "20260102T000000Z-paired-r0": summary("new", 0, {"inferengine": 100.0, "vllm": 50.0}),
+        "20260102T010000Z-paired-r1": summary("new", 1, {"inferengine": 130.0, "vllm": 40.0}),
+        "20260102T020000Z-paired-r2": summary("new", 2, {"inferengine": 90.0, "vllm": 60.0}),
+    }
+    for name, data in folders.items():
+        (results / name).mkdir(parents=True)
+        (results / name / "summary.json").write_text(json.dumps(data))
+    text = script.render(results)
+    assert "**100** (100 · 130 · 90)" in text and "**50** (50 · 40 · 60)" in text
+    assert "| 2.00 |" in text  # the ratio of the medians
+    assert "999" not in text  # the old revision's (better) run is not quoted
+    assert "3 rounds at new" in text and "20260101T000000Z" not in text
+    assert "InferEngine 50%" in text and "ready after launch" in text
+    assert "NVIDIA H100 80GB HBM3" in text
+    shutil.rmtree(results / "20260102T020000Z-paired-r2")
+    assert "**115** (100 · 130)" in script.render(results)
