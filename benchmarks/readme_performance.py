@@ -164,8 +164,10 @@ def ready_lines(paired: list[tuple[str, dict]], systems: list[str]) -> list[str]
     busy = busy_line(paired, systems)
     return [
         "- server ready after launch (/health answers), every launch at "
-        f"{revision[:7]}: " + "; ".join(parts) + "; the longest are each host's first launch "
-        "(Triton and torch.compile caches empty)",
+        f"{revision[:7]}: "
+        + "; ".join(parts)
+        + " (a fresh host's first launch also fills Triton's and "
+        "torch.compile's caches)",
         *([busy] if busy else []),
     ]
 
