@@ -1,0 +1,48 @@
+"""The n-gram proposer continues the most recent earlier occurrence of the longest matching tail."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferengine.errors import ConfigError
+from inferengine.spec_decode.ngram import NgramConfig, NgramProposer
+
+
+def proposer(k: int = 3, lo: int = 1, hi: int = 3) -> NgramProposer:
+    return NgramProposer(NgramConfig(k, lo, hi))
+
+
+def test_continues_the_earlier_occurrence_of_the_tail():
+    # ... 5 6 7 8 9 ... 5 6 -> 7 8 9
+    assert proposer().propose([1, 5, 6, 7, 8, 9, 2, 5, 6]) == [7, 8, 9]
+
+
+def test_the_longest_tail_wins_over_a_more_recent_short_match():
+    tokens = [4, 5, 6, 10, 11, 9, 6, 20, 21, 4, 5, 6]
+    # tail "4 5 6" occurs at the start (-> 10 11 9); "6" alone occurs later (-> 20 21 4)
+    assert proposer(hi=3).propose(tokens) == [10, 11, 9]
+    assert proposer(hi=1).propose(tokens) == [20, 21, 4]
+
+
+def test_the_most_recent_occurrence_of_equal_length():
+    assert proposer(k=2, lo=2, hi=2).propose([7, 8, 1, 1, 7, 8, 2, 2, 7, 8]) == [2, 2]
+
+
+def test_no_match_shorter_than_min_and_caps():
+    assert proposer(lo=2).propose([1, 2, 3, 4, 1]) == []  # only a 1-token match
+    assert proposer(lo=1).propose([1, 2, 3, 4, 1]) == [2, 3, 4]
+    assert proposer(k=2).propose([1, 2, 3, 4, 1]) == [2, 3]
+    assert proposer().propose([1, 2, 3, 4, 1], max_drafts=1) == [2]
+    assert proposer().propose([1, 2, 3, 4, 1], max_drafts=0) == []
+    assert proposer().propose([9]) == [] and proposer().propose([]) == []
+
+
+def test_drafts_stop_at_the_end_of_the_text():
+    assert proposer(k=5).propose([3, 4, 9, 3, 4]) == [9, 3, 4]
+    assert proposer(k=4, lo=1, hi=2).propose([0, 0, 0]) == [0]
+
+
+@pytest.mark.parametrize(("k", "lo", "hi"), [(0, 1, 2), (-1, 1, 2), (3, 0, 2), (3, 3, 2)])
+def test_bad_configs_say_what_to_change(k, lo, hi):
+    with pytest.raises(ConfigError, match=r"must be at least 1|prompt_lookup_min"):
+        NgramConfig(k, lo, hi)
