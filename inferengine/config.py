@@ -121,6 +121,53 @@ class ParallelConfig:
                 )
 
 
+SPEC_METHODS = ("ngram",)
+SPEC_METHODS_PLANNED = ("suffix", "draft_model", "eagle", "eagle3", "mtp")
+SPEC_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+
+
+@dataclass
+class SpeculativeConfig:
+    """`--speculative-config` / `LLM(speculative_config=...)`, in vLLM's spelling."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 0
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 5
+
+    def __post_init__(self) -> None:
+        if self.method in SPEC_METHODS_PLANNED:
+            raise ConfigError(
+                f"speculative method {self.method!r} is not supported yet; use "
+                '{"method": "ngram", "num_speculative_tokens": 4}.'
+            )
+        if self.method not in SPEC_METHODS:
+            raise ConfigError(
+                f"unknown speculative method {self.method!r}; the supported one is ngram."
+            )
+        if self.num_speculative_tokens < 1:
+            raise ConfigError(
+                "num_speculative_tokens must be at least 1, got "
+                f"{self.num_speculative_tokens}; leave out --speculative-config to not speculate."
+            )
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ConfigError(
+                "need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                f"{self.prompt_lookup_min} and {self.prompt_lookup_max}."
+            )
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> SpeculativeConfig:
+        unknown = sorted(set(values) - set(SPEC_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"--speculative-config: unknown keys {unknown}; the keys are {', '.join(SPEC_KEYS)}."
+            )
+        if "num_speculative_tokens" not in values:
+            raise ConfigError("--speculative-config needs num_speculative_tokens (e.g. 4).")
+        return cls(**values)
+
+
 @dataclass
 class EngineConfig:
     model_config: ModelConfig
@@ -132,3 +179,4 @@ class EngineConfig:
     attention_backend_benchmark: bool = False
     enforce_eager: bool = False
     cuda_graph_sizes: list[int] = field(default_factory=list)
+    speculative_config: SpeculativeConfig | None = None

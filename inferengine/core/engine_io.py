@@ -42,6 +42,35 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     scheduled_time: float = 0.0
 
 
+class SpecDecodingStats(msgspec.Struct, omit_defaults=True):
+    """Cumulative speculative-decoding counts, under vLLM's metric names."""
+
+    num_drafts: int = 0  # verify steps of one request with at least one draft
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = []
+
+    def add(self, num_draft: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft
+        self.num_accepted_tokens += num_accepted
+        if len(self.num_accepted_tokens_per_pos) < num_draft:
+            self.num_accepted_tokens_per_pos += [0] * (
+                num_draft - len(self.num_accepted_tokens_per_pos)
+            )
+        for pos in range(num_accepted):
+            self.num_accepted_tokens_per_pos[pos] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verify step: the accepted drafts plus the one sampled after."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
 class SchedulerStats(msgspec.Struct, omit_defaults=True):
     num_running: int = 0
     num_waiting: int = 0
@@ -53,6 +82,7 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     prefix_cache_hits: int = 0  # cumulative
     num_preemptions: int = 0  # cumulative
     step_num_tokens: int = 0  # tokens scheduled in the last step
+    spec_decoding: SpecDecodingStats | None = None
 
 
 class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):

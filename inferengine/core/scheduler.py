@@ -21,6 +21,7 @@ from inferengine.core.engine_io import (
     EngineCoreOutputs,
     LogprobsLists,
     SchedulerStats,
+    SpecDecodingStats,
 )
 from inferengine.core.hashing import BlockHasher
 from inferengine.core.kv_cache_manager import KVCacheManager
@@ -93,6 +94,7 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self._last_step_tokens = 0
+        self.spec_stats = SpecDecodingStats()
 
     # ---- requests in and out -------------------------------------------------------------
 
@@ -145,10 +147,15 @@ class Scheduler:
             num_new = self._num_new_tokens(request, budget)
             if num_new <= 0:
                 continue
+            self._trim_drafts(request, num_new)
             while True:
                 new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
                 if new_blocks is not None:
                     break
+                if request.spec_token_ids:  # drop the drafts before preempting anyone
+                    num_new -= len(request.spec_token_ids)
+                    request.spec_token_ids = []
+                    continue
                 victim = self._pick_victim()
                 budget += num_scheduled.pop(victim.request_id, 0)
                 new_block_ids.pop(victim.request_id, None)
@@ -219,12 +226,18 @@ class Scheduler:
             if req_id not in new_ids
         ]
         total = sum(num_scheduled.values())
+        drafts = {
+            req_id: list(self.requests[req_id].spec_token_ids)
+            for req_id in num_scheduled
+            if self.requests[req_id].spec_token_ids
+        }
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached_reqs,
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=total,
             finished_req_ids=self.finished_req_ids,
+            scheduled_spec_decode_tokens=drafts,
         )
         self.finished_req_ids = set()
         for req_id, n in num_scheduled.items():
@@ -249,6 +262,12 @@ class Scheduler:
         known = request.num_tokens_with_spec + pending
         limit = self.max_model_len - request.num_computed_tokens
         return min(known - request.num_computed_tokens, limit, self._chunk_cap(budget))
+
+    def _trim_drafts(self, request: Request, num_new: int) -> None:
+        """Keep only the drafts that fit in this step's `num_new` tokens."""
+        if request.spec_token_ids:
+            fit = request.num_computed_tokens + num_new - request.num_tokens
+            del request.spec_token_ids[max(fit, 0) :]
 
     def _pick_victim(self) -> Request:
         if self.config.policy == "priority":
@@ -278,6 +297,12 @@ class Scheduler:
             if request is None or request.is_finished:
                 continue
             sampled = runner_output.sampled_token_ids[index[req_id]] if req_id in index else []
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
+            if drafts is not None and sampled:
+                # The KV of rejected drafts is stale: compute from the first of them again.
+                request.num_computed_tokens -= len(drafts) + 1 - len(sampled)
+                request.spec_token_ids = []
+                self.spec_stats.add(len(drafts), len(sampled) - 1)
             if sampled:
                 request.num_output_placeholders = max(
                     0, request.num_output_placeholders - len(sampled)
@@ -354,4 +379,5 @@ class Scheduler:
             prefix_cache_hits=prefix.hits,
             num_preemptions=self.num_preemptions,
             step_num_tokens=self._last_step_tokens,
+            spec_decoding=self.spec_stats if self.spec_stats.num_drafts else None,
         )

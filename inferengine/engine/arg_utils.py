@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -24,8 +25,12 @@ from inferengine.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
 )
 from inferengine.errors import ConfigError
+from inferengine.logger import init_logger
+
+logger = init_logger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32"}
@@ -56,6 +61,8 @@ _HELP = {
     "max_waiting_requests": "serve only: requests that may wait beyond --max-num-seqs before "
     "new ones get 503 (default: unbounded)",
     "served_model_name": "the model name clients send and see (default: --model)",
+    "speculative_config": 'speculative decoding as JSON, e.g. \'{"method": "ngram", '
+    '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}\'',
     "async_scheduling": "schedule the next step while the GPU runs this one",
 }
 
@@ -87,6 +94,7 @@ class EngineArgs:
     max_waiting_requests: int | None = None
     async_scheduling: bool = True
     served_model_name: str | None = None
+    speculative_config: dict | str | None = None
 
     def create_engine_config(self) -> EngineConfig:
         from inferengine.model.loader.resolve import resolve_model
@@ -107,6 +115,12 @@ class EngineArgs:
         if max_model_len < 1:
             raise ConfigError(f"--max-model-len must be at least 1, got {max_model_len}.")
         budget = self.max_num_batched_tokens or (8192 if device == "cuda" else 2048)
+        speculative = _speculative_config(self.speculative_config)
+        async_scheduling = self.async_scheduling
+        if speculative is not None and async_scheduling:
+            # Drafts come from the last step's tokens, so that step must be in first.
+            logger.info("speculative decoding runs without async scheduling")
+            async_scheduling = False
         model_config = ModelConfig(
             model=self.model,
             model_path=str(resolved.path),
@@ -135,13 +149,14 @@ class EngineArgs:
                 long_prefill_token_threshold=self.long_prefill_token_threshold,
                 policy=self.scheduling_policy,
                 max_waiting_requests=self.max_waiting_requests,
-                async_scheduling=self.async_scheduling,
+                async_scheduling=async_scheduling,
             ),
             parallel_config=parallel_config,
             device=device,
             attention_backend=self.attention_backend,
             attention_backend_benchmark=self.attention_backend_benchmark,
             enforce_eager=self.enforce_eager or device != "cuda",
+            speculative_config=speculative,
         )
 
     # ---- CLI ---------------------------------------------------------------------------
@@ -168,7 +183,7 @@ class EngineArgs:
                     flag, action=argparse.BooleanOptionalAction, default=default, help=help_text
                 )
                 continue
-            kind = _parse_bytes if f.name == "kv_cache_memory" else _arg_type(f.type)
+            kind = _PARSERS.get(f.name) or _arg_type(f.type)
             parser.add_argument(
                 flag, type=kind, default=default, choices=choices.get(f.name), help=help_text
             )
@@ -179,6 +194,29 @@ class EngineArgs:
 
     def replace(self, **changes: Any) -> EngineArgs:
         return dataclasses.replace(self, **changes)
+
+
+def _speculative_config(value: dict | str | None) -> SpeculativeConfig | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = _json_object(value)
+    if not isinstance(value, dict):
+        raise ConfigError("--speculative-config must be a JSON object, e.g. '{\"method\": ...}'.")
+    return SpeculativeConfig.from_dict(value)
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"--speculative-config is not valid JSON ({e}); write e.g. "
+            '\'{"method": "ngram", "num_speculative_tokens": 4}\'.'
+        ) from e
+    if not isinstance(value, dict):
+        raise ConfigError("--speculative-config must be a JSON object.")
+    return value
 
 
 def _check_revision(model: str, revision: str | None) -> None:
@@ -217,8 +255,8 @@ def _env_default(f: dataclasses.Field) -> Any:
     assert raw is not None
     if f.type == "bool":
         return raw.lower() in ("1", "true", "yes", "on")
-    if f.name == "kv_cache_memory":
-        return _parse_bytes(raw)
+    if f.name in _PARSERS:
+        return _PARSERS[f.name](raw)
     try:
         return _arg_type(str(f.type))(raw)
     except ValueError as e:
@@ -235,3 +273,6 @@ def _parse_bytes(text: str) -> int:
     if not match or match.group(2).lower() not in _UNITS:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size like 2GiB, 512MB or 1000000")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+_PARSERS = {"kv_cache_memory": _parse_bytes, "speculative_config": _json_object}

@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from inferengine.config import EngineConfig
-from inferengine.core.engine_io import SchedulerStats
+from inferengine.core.engine_io import SchedulerStats, SpecDecodingStats
 from inferengine.engine.core_client import AsyncMPClient
 from inferengine.engine.input_processor import InputProcessor, PromptType, load_tokenizer
 from inferengine.engine.llm_engine import fan_out
@@ -244,6 +244,7 @@ class AsyncLLM:
             if s.prefix_cache_queries
             else 0.0,
             "num_preemptions": s.num_preemptions,
+            "spec_decoding": _spec_stats(s.spec_decoding),
             "prompt_tokens_per_s": round(prompt_rate, 3),
             "generation_tokens_per_s": round(generation_rate, 3),
         }
@@ -263,3 +264,17 @@ class AsyncLLM:
         if self._handler is not None:
             self._handler.cancel()
         self.client.shutdown()
+
+
+def _spec_stats(spec: SpecDecodingStats | None) -> dict | None:
+    """Speculative decoding so far, under vLLM's counter names, with the rates derived."""
+    if spec is None:
+        return None
+    return {
+        "spec_decode_num_drafts": spec.num_drafts,
+        "spec_decode_num_draft_tokens": spec.num_draft_tokens,
+        "spec_decode_num_accepted_tokens": spec.num_accepted_tokens,
+        "spec_decode_num_accepted_tokens_per_pos": list(spec.num_accepted_tokens_per_pos),
+        "acceptance_rate": round(spec.acceptance_rate, 6),
+        "mean_accepted_length": round(spec.mean_accepted_length, 6),
+    }

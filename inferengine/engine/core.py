@@ -18,6 +18,7 @@ from inferengine.engine.step_timer import StepTimer
 from inferengine.errors import ConfigError
 from inferengine.executor.uniproc import UniprocExecutor
 from inferengine.logger import init_logger
+from inferengine.spec_decode.ngram import NgramProposer
 
 if TYPE_CHECKING:
     from inferengine.worker.pending_step import PendingStep
@@ -39,6 +40,8 @@ class EngineCore:
         self._pending_outputs: list[EngineCoreOutput] = []
         self.async_scheduling = config.scheduler_config.async_scheduling
         self._inflight: tuple[SchedulerOutput, PendingStep] | None = None
+        spec = config.speculative_config
+        self.proposer = NgramProposer(spec) if spec is not None else None
         interval = envs.step_stats_interval_s()
         self.step_timer = StepTimer(interval) if interval > 0 else None
         logger.info("engine core ready in %.2f s", time.perf_counter() - start)
@@ -133,6 +136,8 @@ class EngineCore:
             runner_output = pending.resolve()
             t1 = time.perf_counter()
             outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+            if self.proposer is not None:
+                self._propose_drafts()
             if timer is not None:
                 timer.resolved(t1 - t0, time.perf_counter() - t1)
         else:
@@ -145,6 +150,37 @@ class EngineCore:
             outputs.errors = self._pending_errors
             self._pending_outputs, self._pending_errors = [], {}
         return outputs
+
+    def _propose_drafts(self) -> None:
+        """Draft tokens for each running request that decodes next and may speculate.
+
+        Left out (they decode one token at a time): seeded sampled requests, whose draws must
+        stay those of plain decoding; penalties and pending min_tokens, which depend on every
+        earlier token; and logprobs, which are reported per sampled token.
+        """
+        assert self.proposer is not None
+        k = self.proposer.config.num_speculative_tokens
+        max_len = self.config.scheduler_config.max_model_len
+        for request in self.scheduler.running:
+            p = request.sampling_params
+            if (
+                request.num_computed_tokens != request.num_tokens - 1
+                or (p.seed is not None and not p.greedy)
+                or p.logprobs is not None
+                or p.presence_penalty
+                or p.frequency_penalty
+                or p.repetition_penalty != 1.0
+                or request.num_output_tokens < p.min_tokens
+            ):
+                continue
+            cap = min(
+                k,
+                request.max_tokens - request.num_output_tokens - 1,
+                max_len - request.num_tokens - 1,
+            )
+            request.spec_token_ids = (
+                self.proposer.propose(request.all_token_ids, cap) if cap > 0 else []
+            )
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.kv_cache_manager.reset_prefix_cache()

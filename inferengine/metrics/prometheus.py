@@ -75,6 +75,19 @@ class PrometheusStatLogger(StatLogger):
         )
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.preemptions = counter("num_preemptions", "Requests preempted by the scheduler.")
+        self.spec_counters = {
+            "num_drafts": counter("spec_decode_num_drafts", "Verify steps with drafts."),
+            "num_draft_tokens": counter("spec_decode_num_draft_tokens", "Draft tokens."),
+            "num_accepted_tokens": counter(
+                "spec_decode_num_accepted_tokens", "Draft tokens accepted."
+            ),
+        }
+        self.spec_per_pos = Counter(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by position in the draft.",
+            [*names, "position"],
+            registry=r,
+        )
         self.prompt_tokens = counter("prompt_tokens", "Prefill tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Generation tokens produced.")
         success = Counter(
@@ -153,10 +166,20 @@ class PrometheusStatLogger(StatLogger):
             ("prefix_cache_hits", self.prefix_hits),
             ("num_preemptions", self.preemptions),
         ):
-            now, before = getattr(s, name), self._totals.get(name, 0)
-            if now > before:  # stats can arrive out of order (refresh vs. outputs): never go back
-                counter.inc(now - before)
-                self._totals[name] = now
+            self._advance(name, getattr(s, name), counter)
+        spec = s.spec_decoding
+        if spec is not None:
+            for name, counter in self.spec_counters.items():
+                self._advance(f"spec_{name}", getattr(spec, name), counter)
+            for pos, total in enumerate(spec.num_accepted_tokens_per_pos):
+                child = self.spec_per_pos.labels(self.model_name, str(pos))
+                self._advance(f"spec_pos_{pos}", total, child)
+
+    def _advance(self, key: str, now: int, counter) -> None:
+        before = self._totals.get(key, 0)
+        if now > before:  # stats can arrive out of order (refresh vs. outputs): never go back
+            counter.inc(now - before)
+            self._totals[key] = now
 
     def set_gpu_memory_used(self, used_bytes: int) -> None:
         if self.gpu_memory is not None:

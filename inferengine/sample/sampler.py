@@ -116,6 +116,28 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
 
 
 class Sampler:
+    def target_probs(
+        self, logits: torch.Tensor, md: SamplingMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row, the distribution a draw comes from (after bias, bans, penalties,
+        temperature, min-p, top-k/top-p; one-hot at the argmax for greedy rows), and which
+        rows are greedy: what the rejection sampler verifies drafts against."""
+        logits = logits.float()
+        if md.logit_bias or md.banned_token_ids:
+            logits = apply_bias_and_bans(logits, md)
+        if md.has_penalties:
+            logits = apply_penalties(logits, md)
+        one_hot = torch.zeros_like(logits).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        if md.all_greedy:
+            return one_hot, torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device)
+        assert md.temperature is not None
+        greedy = md.temperature == 0
+        logits = logits / torch.where(greedy, 1.0, md.temperature).unsqueeze(1)
+        if md.min_p is not None:
+            logits = apply_min_p(logits, md.min_p)
+        probs = apply_top_k_top_p(logits, md.top_k, md.top_p).softmax(dim=-1)
+        return torch.where(greedy.unsqueeze(1), one_hot, probs), greedy
+
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         logits = logits.float()
         raw_logprobs = logits.log_softmax(dim=-1) if md.max_num_logprobs is not None else None

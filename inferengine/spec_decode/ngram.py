@@ -11,35 +11,15 @@ Strong where the output quotes or edits its input (summaries, code edits, agent 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from inferengine.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class NgramConfig:
-    num_speculative_tokens: int
-    prompt_lookup_min: int = 1
-    prompt_lookup_max: int = 5
-
-    def __post_init__(self) -> None:
-        if self.num_speculative_tokens < 1:
-            raise ConfigError(
-                "num_speculative_tokens must be at least 1, got "
-                f"{self.num_speculative_tokens}; leave out --speculative-config to not speculate."
-            )
-        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
-            raise ConfigError(
-                "need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
-                f"{self.prompt_lookup_min} and {self.prompt_lookup_max}."
-            )
+from inferengine.config import SpeculativeConfig
 
 
 class NgramProposer:
-    def __init__(self, config: NgramConfig):
+    def __init__(self, config: SpeculativeConfig):
         self.config = config
 
     def propose(

@@ -32,6 +32,7 @@ class InputBuffers:
         max_model_len: int,
         block_size: int,
         device: torch.device,
+        max_logits_rows: int | None = None,  # sampling positions per step (drafts add some)
     ):
         self.block_size = block_size
         self.max_blocks = -(-max_model_len // block_size)
@@ -45,7 +46,8 @@ class InputBuffers:
         # scheduling a step is staged while the previous step's copies may still be queued.
         pin = device.type == "cuda"
         n, b = max_num_tokens, max_num_seqs
-        self._staging = [_Staging(n, b, self.max_blocks, pin) for _ in range(2)]
+        rows = max_logits_rows or b
+        self._staging = [_Staging(n, b, self.max_blocks, rows, pin) for _ in range(2)]
         self._turn = 0
         self.st = self._staging[0]
 
@@ -57,7 +59,7 @@ class InputBuffers:
         self.slot_mapping = dev(n, torch.int64)
         self.query_start_loc = dev(b + 1, torch.int32)
         self.seq_lens = dev(b, torch.int32)
-        self.logits_indices = dev(b, torch.int64)
+        self.logits_indices = dev(rows, torch.int64)
         self.block_table_dev = dev((b, self.max_blocks), torch.int32)
         self.fill_dst = dev(b, torch.int64)
         self.fill_src = dev(b, torch.int64)
@@ -135,7 +137,7 @@ class InputBuffers:
 class _Staging:
     """One set of host staging buffers: pinned tensors and numpy views of them."""
 
-    def __init__(self, max_tokens: int, max_seqs: int, max_blocks: int, pin: bool):
+    def __init__(self, max_tokens: int, max_seqs: int, max_blocks: int, max_rows: int, pin: bool):
         def host(shape, dtype):
             t = torch.zeros(shape, dtype=dtype, pin_memory=pin)
             return t, t.numpy()
@@ -146,7 +148,7 @@ class _Staging:
         self.qsl_t, self.qsl = host(max_seqs + 1, torch.int32)
         self.seq_lens_t, self.seq_lens = host(max_seqs, torch.int32)
         self.table_t, self.table = host((max_seqs, max_blocks), torch.int32)
-        self.logits_idx_t, self.logits_idx = host(max_seqs, torch.int64)
+        self.logits_idx_t, self.logits_idx = host(max_rows, torch.int64)
         self.fill_dst_t, self.fill_dst = host(max_seqs, torch.int64)
         self.fill_src_t, self.fill_src = host(max_seqs, torch.int64)
 

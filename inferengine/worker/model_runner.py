@@ -17,11 +17,12 @@ from inferengine.attention.metadata import AttentionMetadata
 from inferengine.config import EngineConfig
 from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from inferengine.sample.metadata import build_sampling_metadata
-from inferengine.sample.sampler import Sampler, gather_logprobs
+from inferengine.sample.rejection_sampler import NO_TOKEN, rejection_sample
+from inferengine.sample.sampler import Sampler, SamplerOutput, gather_logprobs
 from inferengine.sampling_params import SamplingParams
 from inferengine.worker.cuda_graphs import CudaGraphRunner, GraphShape
 from inferengine.worker.input_batch import InputBuffers, StepLayout
-from inferengine.worker.pending_step import PendingStep
+from inferengine.worker.pending_step import PendingStep, SpecResult
 
 
 @dataclass(slots=True)
@@ -44,7 +45,8 @@ class StepInputs:
     metadata: AttentionMetadata
     req_ids: list[str]
     sample_rows: list[int]  # batch rows that produce a token this step
-    logits_rows: list[int]  # flat token index of each sampling row's last token
+    logits_rows: list[int]  # flat token index of each sampling position (1 + drafts per row)
+    num_drafts: list[int]  # per sampling row: draft tokens it verifies
     prompt_logprob_rows: dict[str, tuple[int, int, int]]  # req -> (flat start, count, first pos)
     graph_shape: GraphShape | None  # the padded shape to run as a CUDA graph, if any
     num_scheduled: list[int]  # tokens per request, in batch order
@@ -62,12 +64,15 @@ class ModelRunner:
         self.requests: dict[str, RequestState] = {}
         self.kv_caches: list[torch.Tensor] = []
         self.sampler = Sampler()
+        spec = config.speculative_config
+        self.max_drafts = spec.num_speculative_tokens if spec is not None else 0
         self.buffers = InputBuffers(
             sc.max_num_seqs,
             max(sc.max_num_batched_tokens, sc.max_num_seqs),
             sc.max_model_len,
             self.block_size,
             device,
+            max_logits_rows=sc.max_num_seqs * (1 + self.max_drafts),
         )
         self.graphs: CudaGraphRunner | None = None
         self._last: PendingStep | None = None  # the last launched step
@@ -115,6 +120,9 @@ class ModelRunner:
                 )
                 state.num_blocks += n
             state.num_computed_tokens = cached.num_computed_tokens
+        for req_id, drafts in so.scheduled_spec_decode_tokens.items():
+            state = self.requests[req_id]
+            buffers.token_ids[state.row, state.num_tokens : state.num_tokens + len(drafts)] = drafts
 
     # ---- inputs ------------------------------------------------------------------------
 
@@ -128,14 +136,18 @@ class ModelRunner:
         )
         sample_rows: list[int] = []
         logits_rows: list[int] = []
+        num_drafts: list[int] = []
+        drafts = so.scheduled_spec_decode_tokens
         prompt_rows: dict[str, tuple[int, int, int]] = {}
         flat = 0
         for row, (state, n) in enumerate(zip(states, layout.num_scheduled.tolist(), strict=True)):
             start = state.num_computed_tokens
             end = start + n
             if end >= state.num_tokens:
+                d = len(drafts.get(state.req_id, ()))
                 sample_rows.append(row)
-                logits_rows.append(flat + n - 1)
+                logits_rows.extend(range(flat + n - 1 - d, flat + n))
+                num_drafts.append(d)
             num_prompt = len(state.prompt_token_ids)
             wants_prompt_lp = state.sampling_params.prompt_logprobs is not None
             if wants_prompt_lp and not state.output_token_ids and start < num_prompt - 1:
@@ -175,6 +187,7 @@ class ModelRunner:
             req_ids=req_ids,
             sample_rows=sample_rows,
             logits_rows=logits_rows,
+            num_drafts=num_drafts,
             prompt_logprob_rows=prompt_rows,
             graph_shape=shape,
             num_scheduled=layout.num_scheduled.tolist(),
@@ -213,26 +226,84 @@ class ModelRunner:
                 inputs.metadata,
             )
         states = [self.requests[inputs.req_ids[row]] for row in inputs.sample_rows]
-        result = None
+        result = spec = None
         if inputs.sample_rows:
             rows = self.buffers.stage_logits_indices(inputs.logits_rows)
             logits = self.model.compute_logits(hidden[rows])
-            md = build_sampling_metadata(
-                [s.sampling_params for s in states],
-                [s.generator for s in states],
-                [s.output_token_ids for s in states],
-                [s.prompt_token_ids for s in states],
-                [s.eos_token_id for s in states],
-                self.device,
-            )
-            result = self.sampler(logits, md)
+            if any(inputs.num_drafts):
+                result, spec = self._verify_drafts(logits, states, inputs.num_drafts)
+            else:
+                result = self.sampler(logits, self._metadata(states))
         if inputs.prompt_logprob_rows:
             self._prompt_logprobs(inputs, hidden, output)
-        pending = PendingStep(output, inputs.sample_rows, states, result, self.buffers.token_ids)
+        pending = PendingStep(
+            output, inputs.sample_rows, states, result, self.buffers.token_ids, spec
+        )
         pending.graph_size = inputs.graph_shape.num_tokens if inputs.graph_shape else None
         self._last = pending
         self._last_index = {s.req_id: i for i, s in enumerate(states)}
         return pending
+
+    def _metadata(self, states: list[RequestState], repeats: list[int] | None = None):
+        """Sampling settings of `states`, each repeated `repeats[i]` times (draft positions)."""
+        if repeats is not None:
+            states = [s for s, r in zip(states, repeats, strict=True) for _ in range(r)]
+        return build_sampling_metadata(
+            [s.sampling_params for s in states],
+            [s.generator for s in states],
+            [s.output_token_ids for s in states],
+            [s.prompt_token_ids for s in states],
+            [s.eos_token_id for s in states],
+            self.device,
+        )
+
+    def _verify_drafts(
+        self, logits: torch.Tensor, states: list[RequestState], num_drafts: list[int]
+    ) -> tuple[SamplerOutput | None, SpecResult]:
+        """Rows without drafts sample as usual; rows with drafts go through rejection sampling
+        (the engine core drafts only for requests whose sampling does not depend on earlier
+        draws or tokens: no seeds, penalties, pending min_tokens or logprobs)."""
+        starts = np.cumsum([0, *(1 + d for d in num_drafts)])
+        plain = [i for i, d in enumerate(num_drafts) if d == 0]
+        drafted = [i for i, d in enumerate(num_drafts) if d > 0]
+        dev = self.device
+        result = None
+        if plain:
+            plain_rows = torch.tensor([int(starts[i]) for i in plain], device=dev)
+            result = self.sampler(logits[plain_rows], self._metadata([states[i] for i in plain]))
+        k = max(num_drafts)
+        counts = [num_drafts[i] for i in drafted]
+        flat_rows = [r for i in drafted for r in range(int(starts[i]), int(starts[i + 1]))]
+        probs, greedy_rows = self.sampler.target_probs(
+            logits[torch.tensor(flat_rows, device=dev)],
+            self._metadata([states[i] for i in drafted], [1 + c for c in counts]),
+        )
+        vocab = probs.shape[1]
+        padded = torch.zeros(len(drafted), k + 1, vocab, device=dev)
+        draft_ids = torch.zeros(len(drafted), k, dtype=torch.int64)
+        first_rows, at = [], 0
+        for j, (i, c) in enumerate(zip(drafted, counts, strict=True)):
+            padded[j, : c + 1] = probs[at : at + c + 1]
+            state = states[i]
+            draft_ids[j, :c] = torch.from_numpy(
+                self.buffers.token_ids[state.row, state.num_tokens : state.num_tokens + c]
+            )
+            first_rows.append(at)
+            at += c + 1
+        verified = rejection_sample(
+            draft_ids.to(dev),
+            torch.tensor(counts, device=dev),
+            padded,
+            None,
+            greedy_rows[torch.tensor(first_rows, device=dev)],
+        )
+        tokens = torch.full((len(states), k + 1), NO_TOKEN, dtype=torch.int64, device=dev)
+        num_emitted = torch.ones(len(states), dtype=torch.int64, device=dev)
+        if plain:
+            tokens[plain, 0] = result.sampled
+        tokens[drafted] = verified.token_ids
+        num_emitted[drafted] = verified.num_accepted + 1
+        return result, SpecResult(tokens, num_emitted, plain)
 
     def _resolve_if_history_needed(self, so: SchedulerOutput) -> None:
         """Penalties and min_tokens need every earlier token on the host: wait for them."""
@@ -330,7 +401,7 @@ class ModelRunner:
         input_ids = torch.randint(0, self.vocab_size, (num_tokens,), device=dev)
         positions = torch.cat([torch.arange(n, device=dev) for n in lens])
         hidden = self.model(input_ids, positions, kv, metadata)
-        rows = min(sc.max_num_seqs, num_tokens)
+        rows = min(sc.max_num_seqs * (1 + self.max_drafts), num_tokens)
         logits = self.model.compute_logits(hidden[:rows])
         params = [SamplingParams(temperature=1.0, top_p=0.9, top_k=50, logprobs=5)] * rows
         md = build_sampling_metadata(

@@ -7,6 +7,7 @@ waits for that copy only, appends the tokens to the runner's request state and r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,6 +27,15 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     return host
 
 
+@dataclass
+class SpecResult:
+    """A step that verified drafts: each sampling row emits `num_emitted[i]` of `tokens[i]`."""
+
+    tokens: torch.Tensor  # int64 [S, K + 1]
+    num_emitted: torch.Tensor  # int64 [S]
+    plain_rows: list[int]  # sampling rows without drafts, in the order of the sampler's result
+
+
 class PendingStep:
     def __init__(
         self,
@@ -34,6 +44,7 @@ class PendingStep:
         states: list[RequestState],
         result: SamplerOutput | None,
         token_buffer,
+        spec: SpecResult | None = None,
     ):
         self.output = output
         self.sample_rows = sample_rows
@@ -44,13 +55,21 @@ class PendingStep:
         self.sampled_device = result.sampled if result is not None else None
         self._host: list[torch.Tensor] = []
         self._event: torch.cuda.Event | None = None
-        if result is not None:
+        # Sampling row -> its row in the sampler's result (logprobs), when it has one.
+        self._result_row = dict(enumerate(range(len(sample_rows))))
+        if spec is not None:
+            self.sampled_device = None  # several tokens per row: no device hand-off
+            self._result_row = {row: j for j, row in enumerate(spec.plain_rows)}
+            tensors = [spec.tokens, spec.num_emitted]
+        elif result is not None:
             tensors = [result.sampled]
-            if result.logprobs is not None:
-                assert result.logprob_token_ids is not None and result.sampled_ranks is not None
-                tensors += [result.logprob_token_ids, result.logprobs, result.sampled_ranks]
+        if result is not None and result.logprobs is not None:
+            assert result.logprob_token_ids is not None and result.sampled_ranks is not None
+            tensors += [result.logprob_token_ids, result.logprobs, result.sampled_ranks]
+        self._spec = spec is not None
+        if spec is not None or result is not None:
             self._host = [_to_host(t) for t in tensors]
-            if result.sampled.is_cuda:
+            if tensors[0].is_cuda:
                 self._event = torch.cuda.Event()
                 self._event.record()
 
@@ -63,23 +82,33 @@ class PendingStep:
             return self.output
         if self._event is not None:
             self._event.synchronize()
-        sampled = self._host[0].tolist()
-        logprobs = [t.tolist() for t in self._host[1:]] if len(self._host) > 1 else None
+        if self._spec:
+            rows, counts = self._host[0].tolist(), self._host[1].tolist()
+            emitted = [r[:c] for r, c in zip(rows, counts, strict=True)]
+            extra = self._host[2:]
+        else:
+            emitted = [[t] for t in self._host[0].tolist()]
+            extra = self._host[1:]
+        logprobs = [t.tolist() for t in extra] if extra else None
         out = self.output
+        width = self.token_buffer.shape[1]
         for i, (row, state) in enumerate(zip(self.sample_rows, self.states, strict=True)):
-            token = sampled[i]
-            out.sampled_token_ids[row] = [token]
+            tokens = emitted[i]
+            out.sampled_token_ids[row] = tokens
             if state.row >= 0:  # a request that finished meanwhile keeps no state
-                state.output_token_ids.append(token)
-                if state.num_tokens < self.token_buffer.shape[1]:
-                    self.token_buffer[state.row, state.num_tokens] = token
-                state.num_tokens += 1
+                state.output_token_ids.extend(tokens)
+                end = min(state.num_tokens + len(tokens), width)
+                self.token_buffer[state.row, state.num_tokens : end] = tokens[
+                    : end - state.num_tokens
+                ]
+                state.num_tokens += len(tokens)
             num_top = state.sampling_params.logprobs
-            if num_top is not None and logprobs is not None:
+            j = self._result_row.get(i)
+            if num_top is not None and logprobs is not None and j is not None:
                 ids, values, ranks = logprobs
                 out.logprobs[state.req_id] = (
-                    [ids[i][: 1 + num_top]],
-                    [values[i][: 1 + num_top]],
-                    [ranks[i]],
+                    [ids[j][: 1 + num_top]],
+                    [values[j][: 1 + num_top]],
+                    [ranks[j]],
                 )
         return out

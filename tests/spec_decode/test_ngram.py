@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from inferengine.config import SpeculativeConfig
 from inferengine.errors import ConfigError
-from inferengine.spec_decode.ngram import NgramConfig, NgramProposer
+from inferengine.spec_decode.ngram import NgramProposer
 
 
 def proposer(k: int = 3, lo: int = 1, hi: int = 3) -> NgramProposer:
-    return NgramProposer(NgramConfig(k, lo, hi))
+    return NgramProposer(SpeculativeConfig("ngram", k, lo, hi))
 
 
 def test_continues_the_earlier_occurrence_of_the_tail():
@@ -42,7 +43,19 @@ def test_drafts_stop_at_the_end_of_the_text():
     assert proposer(k=4, lo=1, hi=2).propose([0, 0, 0]) == [0]
 
 
-@pytest.mark.parametrize(("k", "lo", "hi"), [(0, 1, 2), (-1, 1, 2), (3, 0, 2), (3, 3, 2)])
-def test_bad_configs_say_what_to_change(k, lo, hi):
-    with pytest.raises(ConfigError, match=r"must be at least 1|prompt_lookup_min"):
-        NgramConfig(k, lo, hi)
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"method": "ngram", "num_speculative_tokens": 0}, "must be at least 1"),
+        ({"method": "ngram", "num_speculative_tokens": -1}, "must be at least 1"),
+        ({"num_speculative_tokens": 3, "prompt_lookup_min": 0}, "prompt_lookup_min"),
+        ({"num_speculative_tokens": 3, "prompt_lookup_min": 3, "prompt_lookup_max": 2}, "<="),
+        ({"method": "medusa", "num_speculative_tokens": 3}, "unknown speculative method"),
+        ({"method": "draft_model", "num_speculative_tokens": 3}, "not supported yet"),
+        ({"method": "ngram"}, "needs num_speculative_tokens"),
+        ({"num_speculative_tokens": 3, "lookahead": 2}, "unknown keys"),
+    ],
+)
+def test_bad_configs_say_what_to_change(values, message):
+    with pytest.raises(ConfigError, match=message):
+        SpeculativeConfig.from_dict(values)
