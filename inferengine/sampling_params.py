@@ -120,6 +120,13 @@ class SamplingParams:
             raise bad("seed", "seed must fit in a signed 64-bit integer.")
 
     @property
+    def uses_penalties(self) -> bool:
+        """Whether the logits of a step depend on the tokens generated before it."""
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+        )
+
+    @property
     def greedy(self) -> bool:
         return self.temperature < _GREEDY_EPS
 

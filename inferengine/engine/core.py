@@ -167,9 +167,7 @@ class EngineCore:
                 request.num_computed_tokens != request.num_tokens - 1
                 or (p.seed is not None and not p.greedy)
                 or p.logprobs is not None
-                or p.presence_penalty
-                or p.frequency_penalty
-                or p.repetition_penalty != 1.0
+                or p.uses_penalties
                 or request.num_output_tokens < p.min_tokens
             ):
                 continue

@@ -59,9 +59,7 @@ def build_sampling_metadata(
             return None
         return to_device(values, dtype, device)
 
-    any_penalty = any(
-        p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in params
-    )
+    any_penalty = any(p.uses_penalties for p in params)
     banned: dict[int, list[int]] = {}
     for row, p in enumerate(params):
         if p.min_tokens and len(output_token_ids[row]) < p.min_tokens:

@@ -116,45 +116,16 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
 
 
 class Sampler:
-    def target_probs(
-        self, logits: torch.Tensor, md: SamplingMetadata
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per row, the distribution a draw comes from (after bias, bans, penalties,
-        temperature, min-p, top-k/top-p; one-hot at the argmax for greedy rows), and which
-        rows are greedy: what the rejection sampler verifies drafts against."""
-        logits = logits.float()
-        if md.logit_bias or md.banned_token_ids:
-            logits = apply_bias_and_bans(logits, md)
-        if md.has_penalties:
-            logits = apply_penalties(logits, md)
-        one_hot = torch.zeros_like(logits).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
-        if md.all_greedy:
-            return one_hot, torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device)
-        assert md.temperature is not None
-        greedy = md.temperature == 0
-        logits = logits / torch.where(greedy, 1.0, md.temperature).unsqueeze(1)
-        if md.min_p is not None:
-            logits = apply_min_p(logits, md.min_p)
-        probs = apply_top_k_top_p(logits, md.top_k, md.top_p).softmax(dim=-1)
-        return torch.where(greedy.unsqueeze(1), one_hot, probs), greedy
-
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         logits = logits.float()
         raw_logprobs = logits.log_softmax(dim=-1) if md.max_num_logprobs is not None else None
-        if md.logit_bias or md.banned_token_ids:
-            logits = apply_bias_and_bans(logits, md)
-        if md.has_penalties:
-            logits = apply_penalties(logits, md)
+        logits = _adjust(logits, md)
         greedy = logits.argmax(dim=-1)
         if md.all_greedy:
             sampled = greedy
         else:
+            drawn = random_sample(_draw_probs(logits, md), md.generators)
             assert md.temperature is not None
-            logits = logits / torch.where(md.temperature > 0, md.temperature, 1.0).unsqueeze(1)
-            if md.min_p is not None:
-                logits = apply_min_p(logits, md.min_p)
-            logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
-            drawn = random_sample(logits.softmax(dim=-1), md.generators)
             sampled = drawn if md.all_random else torch.where(md.temperature > 0, drawn, greedy)
         out = SamplerOutput(sampled=sampled)
         if raw_logprobs is not None:
@@ -163,6 +134,37 @@ class Sampler:
                 raw_logprobs, sampled, md.max_num_logprobs
             )
         return out
+
+    def target_probs(
+        self, logits: torch.Tensor, md: SamplingMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row, the distribution a draw comes from (one-hot at the argmax for greedy rows),
+        and which rows are greedy: what the rejection sampler verifies drafts against."""
+        logits = _adjust(logits.float(), md)
+        one_hot = torch.zeros_like(logits).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        if md.all_greedy:
+            return one_hot, torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device)
+        assert md.temperature is not None
+        greedy = md.temperature == 0
+        return torch.where(greedy.unsqueeze(1), one_hot, _draw_probs(logits, md)), greedy
+
+
+def _adjust(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """Logit bias, min-tokens bans and penalties: what both greedy and sampled rows see."""
+    if md.logit_bias or md.banned_token_ids:
+        logits = apply_bias_and_bans(logits, md)
+    if md.has_penalties:
+        logits = apply_penalties(logits, md)
+    return logits
+
+
+def _draw_probs(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """The distribution sampled rows draw from: temperature, min-p, top-k/top-p, softmax."""
+    assert md.temperature is not None
+    logits = logits / torch.where(md.temperature > 0, md.temperature, 1.0).unsqueeze(1)
+    if md.min_p is not None:
+        logits = apply_min_p(logits, md.min_p)
+    return apply_top_k_top_p(logits, md.top_k, md.top_p).softmax(dim=-1)
 
 
 def gather_logprobs(

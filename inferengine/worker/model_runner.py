@@ -278,22 +278,21 @@ class ModelRunner:
             logits[torch.tensor(flat_rows, device=dev)],
             self._metadata([states[i] for i in drafted], [1 + c for c in counts]),
         )
-        vocab = probs.shape[1]
-        padded = torch.zeros(len(drafted), k + 1, vocab, device=dev)
-        draft_ids = torch.zeros(len(drafted), k, dtype=torch.int64)
-        first_rows, at = [], 0
+        # Row i of `probs` goes to (request j, position p) of the padded [J, K + 1, V] batch.
+        slots = [j * (k + 1) + pos for j, c in enumerate(counts) for pos in range(c + 1)]
+        padded = torch.zeros(len(drafted) * (k + 1), probs.shape[1], device=dev)
+        padded[torch.tensor(slots, device=dev)] = probs
+        draft_ids = np.zeros((len(drafted), k), dtype=np.int64)
         for j, (i, c) in enumerate(zip(drafted, counts, strict=True)):
-            padded[j, : c + 1] = probs[at : at + c + 1]
             state = states[i]
-            draft_ids[j, :c] = torch.from_numpy(
-                self.buffers.token_ids[state.row, state.num_tokens : state.num_tokens + c]
-            )
-            first_rows.append(at)
-            at += c + 1
+            draft_ids[j, :c] = self.buffers.token_ids[
+                state.row, state.num_tokens : state.num_tokens + c
+            ]
+        first_rows = [int(x) for x in np.cumsum([0, *(1 + c for c in counts[:-1])])]
         verified = rejection_sample(
-            draft_ids.to(dev),
+            torch.from_numpy(draft_ids).to(dev),
             torch.tensor(counts, device=dev),
-            padded,
+            padded.view(len(drafted), k + 1, -1),
             None,
             greedy_rows[torch.tensor(first_rows, device=dev)],
         )
@@ -313,10 +312,7 @@ class ModelRunner:
             state = self.requests[req_id]
             p = state.sampling_params
             if req_id in self._last_index and (
-                p.presence_penalty
-                or p.frequency_penalty
-                or p.repetition_penalty != 1.0
-                or p.min_tokens > len(state.output_token_ids)
+                p.uses_penalties or p.min_tokens > len(state.output_token_ids)
             ):
                 self._last.resolve()
                 return

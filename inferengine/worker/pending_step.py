@@ -55,8 +55,8 @@ class PendingStep:
         self.sampled_device = result.sampled if result is not None else None
         self._host: list[torch.Tensor] = []
         self._event: torch.cuda.Event | None = None
-        # Sampling row -> its row in the sampler's result (logprobs), when it has one.
-        self._result_row = dict(enumerate(range(len(sample_rows))))
+        # With drafts, only rows without them are in the sampler's result (logprobs).
+        self._result_row: dict[int, int] | None = None
         if spec is not None:
             self.sampled_device = None  # several tokens per row: no device hand-off
             self._result_row = {row: j for j, row in enumerate(spec.plain_rows)}
@@ -103,7 +103,7 @@ class PendingStep:
                 ]
                 state.num_tokens += len(tokens)
             num_top = state.sampling_params.logprobs
-            j = self._result_row.get(i)
+            j = i if self._result_row is None else self._result_row.get(i)
             if num_top is not None and logprobs is not None and j is not None:
                 ids, values, ranks = logprobs
                 out.logprobs[state.req_id] = (
