@@ -121,29 +121,52 @@ class ParallelConfig:
                 )
 
 
-SPEC_METHODS = ("ngram",)
-SPEC_METHODS_PLANNED = ("suffix", "draft_model", "eagle", "eagle3", "mtp")
-SPEC_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+SPEC_METHODS = ("ngram", "suffix", "draft_model")
+SPEC_METHODS_PLANNED = ("eagle", "eagle3", "mtp")
+_NGRAM_KEYS = ("prompt_lookup_min", "prompt_lookup_max")
+_SUFFIX_KEYS = (
+    "suffix_decoding_max_tree_depth",
+    "suffix_decoding_max_cached_requests",
+    "suffix_decoding_max_spec_factor",
+    "suffix_decoding_min_token_prob",
+)
+_DRAFT_KEYS = ("model",)
+SPEC_KEYS = ("method", "num_speculative_tokens", *_NGRAM_KEYS, *_SUFFIX_KEYS, *_DRAFT_KEYS)
+_METHOD_KEYS = {"ngram": _NGRAM_KEYS, "suffix": _SUFFIX_KEYS, "draft_model": _DRAFT_KEYS}
 
 
 @dataclass
 class SpeculativeConfig:
-    """`--speculative-config` / `LLM(speculative_config=...)`, in vLLM's spelling."""
+    """`--speculative-config` / `LLM(speculative_config=...)`, in vLLM's spelling.
+
+    ngram: prompt lookup over the request's own tokens. suffix: a suffix tree over the
+    request's tokens and recent requests' outputs. draft_model: a smaller model (`model`, a
+    local path) with the target's vocabulary, its KV pages in the same pool as the target's.
+    """
 
     method: str = "ngram"
     num_speculative_tokens: int = 0
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 5
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
+    model: str | None = None
+    # Set at start-up for draft_model: the draft's resolved config.
+    draft_model_config: ModelConfig | None = None
 
     def __post_init__(self) -> None:
         if self.method in SPEC_METHODS_PLANNED:
             raise ConfigError(
-                f"speculative method {self.method!r} is not supported yet; use "
+                f"speculative method {self.method!r} is not supported yet; the supported "
+                f"methods are {', '.join(SPEC_METHODS)}, e.g. "
                 '{"method": "ngram", "num_speculative_tokens": 4}.'
             )
         if self.method not in SPEC_METHODS:
             raise ConfigError(
-                f"unknown speculative method {self.method!r}; the supported one is ngram."
+                f"unknown speculative method {self.method!r}; the supported methods are "
+                f"{', '.join(SPEC_METHODS)}."
             )
         if self.num_speculative_tokens < 1:
             raise ConfigError(
@@ -155,6 +178,22 @@ class SpeculativeConfig:
                 "need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                 f"{self.prompt_lookup_min} and {self.prompt_lookup_max}."
             )
+        if self.suffix_decoding_max_tree_depth < 1:
+            raise ConfigError("suffix_decoding_max_tree_depth must be at least 1.")
+        if self.suffix_decoding_max_cached_requests < 0:
+            raise ConfigError(
+                "suffix_decoding_max_cached_requests must be 0 or more (0: no cross-request cache)."
+            )
+        if self.suffix_decoding_max_spec_factor <= 0:
+            raise ConfigError("suffix_decoding_max_spec_factor must be positive.")
+        if not 0 <= self.suffix_decoding_min_token_prob <= 1:
+            raise ConfigError("suffix_decoding_min_token_prob must be in [0, 1].")
+        if self.method == "draft_model" and not self.model:
+            raise ConfigError(
+                'method "draft_model" needs "model": the path of a smaller model with the '
+                'target\'s tokenizer, e.g. {"method": "draft_model", "model": "/models/small", '
+                '"num_speculative_tokens": 4}.'
+            )
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SpeculativeConfig:
@@ -162,6 +201,21 @@ class SpeculativeConfig:
         if unknown:
             raise ConfigError(
                 f"--speculative-config: unknown keys {unknown}; the keys are {', '.join(SPEC_KEYS)}."
+            )
+        method = values.get("method", "ngram")
+        others = sorted(
+            k for m, keys in _METHOD_KEYS.items() if m != method for k in keys if k in values
+        )
+        if method in _METHOD_KEYS and others:
+            raise ConfigError(
+                f"--speculative-config: {others} do not apply to method {method!r}; its own "
+                f"keys are {', '.join(_METHOD_KEYS[method]) or 'none'}."
+            )
+        values = dict(values)
+        if method == "suffix":
+            values.setdefault(
+                "num_speculative_tokens",
+                values.get("suffix_decoding_max_tree_depth", cls.suffix_decoding_max_tree_depth),
             )
         if "num_speculative_tokens" not in values:
             raise ConfigError("--speculative-config needs num_speculative_tokens (e.g. 4).")

@@ -23,7 +23,10 @@ class NgramProposer:
         self.config = config
 
     def propose(
-        self, token_ids: Sequence[int] | np.ndarray, max_drafts: int | None = None
+        self,
+        token_ids: Sequence[int] | np.ndarray,
+        max_drafts: int | None = None,
+        request_id: str = "",
     ) -> list[int]:
         """Draft tokens to follow `token_ids` (maybe none); at most `max_drafts` if given."""
         c = self.config
@@ -44,3 +47,6 @@ class NgramProposer:
                 start = int(hits[-1]) + n
                 return tokens[start : start + limit].tolist()
         return []
+
+    def finish(self, request_id: str) -> None:
+        """Nothing is kept between steps."""

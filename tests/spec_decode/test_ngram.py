@@ -51,7 +51,11 @@ def test_drafts_stop_at_the_end_of_the_text():
         ({"num_speculative_tokens": 3, "prompt_lookup_min": 0}, "prompt_lookup_min"),
         ({"num_speculative_tokens": 3, "prompt_lookup_min": 3, "prompt_lookup_max": 2}, "<="),
         ({"method": "medusa", "num_speculative_tokens": 3}, "unknown speculative method"),
-        ({"method": "draft_model", "num_speculative_tokens": 3}, "not supported yet"),
+        ({"method": "eagle3", "num_speculative_tokens": 3}, "not supported yet"),
+        ({"method": "draft_model", "num_speculative_tokens": 3}, 'needs "model"'),
+        ({"num_speculative_tokens": 3, "model": "/m"}, "do not apply to method 'ngram'"),
+        ({"method": "suffix", "prompt_lookup_max": 3}, "do not apply to method 'suffix'"),
+        ({"method": "suffix", "suffix_decoding_min_token_prob": 2}, r"in \[0, 1\]"),
         ({"method": "ngram"}, "needs num_speculative_tokens"),
         ({"num_speculative_tokens": 3, "lookahead": 2}, "unknown keys"),
     ],
@@ -59,3 +63,8 @@ def test_drafts_stop_at_the_end_of_the_text():
 def test_bad_configs_say_what_to_change(values, message):
     with pytest.raises(ConfigError, match=message):
         SpeculativeConfig.from_dict(values)
+
+
+def test_suffix_defaults_to_the_tree_depth_as_vllm_does():
+    config = SpeculativeConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": 8})
+    assert config.num_speculative_tokens == 8

@@ -105,7 +105,7 @@ def test_target_as_its_own_draft_accepts_every_draft_it_can(tiny_checkpoint):
     ("spec", "message"),
     [
         ({"method": "ngram", "num_speculative_tokens": 0}, "at least 1"),
-        ({"method": "suffix", "num_speculative_tokens": 3}, "not supported yet"),
+        ({"method": "eagle3", "num_speculative_tokens": 3}, "not supported yet"),
         ({"method": "nope", "num_speculative_tokens": 3}, "unknown speculative method"),
         ('{"method": "ngram", ', "not valid JSON"),
     ],

@@ -1,0 +1,26 @@
+"""The proposer interfaces of speculative decoding.
+
+Token proposers (n-gram, suffix) look only at token ids and run in the engine core: after each
+step it asks them for drafts for every request that may speculate and writes them to
+`request.spec_token_ids`. Model proposers (a draft model; later EAGLE-3 / MTP heads) run in
+the worker beside the target, take the target's hidden states and are driven through the
+executor (`Executor.propose_drafts`), with the same caps decided by the engine core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class TokenProposer(Protocol):
+    def propose(
+        self, token_ids: Sequence[int], max_drafts: int | None = None, request_id: str = ""
+    ) -> list[int]:
+        """Up to `max_drafts` tokens to follow `token_ids` (prompt and output so far) of
+        request `request_id`; maybe none."""
+        ...
+
+    def finish(self, request_id: str) -> None:
+        """The request ended: drop what is kept for it (or keep it for later requests)."""
+        ...
