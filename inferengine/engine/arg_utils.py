@@ -116,11 +116,6 @@ class EngineArgs:
             raise ConfigError(f"--max-model-len must be at least 1, got {max_model_len}.")
         budget = self.max_num_batched_tokens or (8192 if device == "cuda" else 2048)
         speculative = _speculative_config(self.speculative_config)
-        async_scheduling = self.async_scheduling
-        if speculative is not None and async_scheduling:
-            # Drafts come from the last step's tokens, so that step must be in first.
-            logger.info("speculative decoding runs without async scheduling")
-            async_scheduling = False
         model_config = ModelConfig(
             model=self.model,
             model_path=str(resolved.path),
@@ -133,6 +128,10 @@ class EngineArgs:
             served_model_name=self.served_model_name,
             generation_config=resolved.generation_config,
         )
+        if speculative is not None and speculative.method == "draft_model":
+            speculative.draft_model_config = _draft_model_config(
+                speculative, model_config, self.load_format
+            )
         return EngineConfig(
             model_config=model_config,
             cache_config=CacheConfig(
@@ -149,7 +148,7 @@ class EngineArgs:
                 long_prefill_token_threshold=self.long_prefill_token_threshold,
                 policy=self.scheduling_policy,
                 max_waiting_requests=self.max_waiting_requests,
-                async_scheduling=async_scheduling,
+                async_scheduling=self.async_scheduling,
             ),
             parallel_config=parallel_config,
             device=device,
@@ -204,6 +203,41 @@ def _speculative_config(value: dict | str | None) -> SpeculativeConfig | None:
     if not isinstance(value, dict):
         raise ConfigError("--speculative-config must be a JSON object, e.g. '{\"method\": ...}'.")
     return SpeculativeConfig.from_dict(value)
+
+
+def _draft_model_config(
+    spec: SpeculativeConfig, target: ModelConfig, load_format: str
+) -> ModelConfig:
+    """The draft model of `draft_model` speculation: it must share the target's vocabulary
+    and reach --max-model-len."""
+    from inferengine.model.loader.resolve import resolve_model
+
+    assert spec.model is not None
+    resolved = resolve_model(spec.model, load_format)
+    draft = ModelConfig(
+        model=spec.model,
+        model_path=str(resolved.path),
+        hf_config=resolved.hf_config,
+        dtype=target.dtype,
+        max_model_len=target.max_model_len,
+        load_format=resolved.load_format,
+        seed=target.seed,
+        generation_config=resolved.generation_config,
+    )
+    if draft.vocab_size != target.vocab_size:
+        raise ConfigError(
+            f"the draft model {spec.model!r} has a vocabulary of {draft.vocab_size} tokens, the "
+            f"target {target.vocab_size}: drafts must be the target's token ids. Pick a draft "
+            "model with the target's tokenizer (e.g. a smaller model of the same family)."
+        )
+    context = int(resolved.hf_config.get("max_position_embeddings") or 2048)
+    if context < target.max_model_len:
+        raise ConfigError(
+            f"the draft model {spec.model!r} reaches {context} positions, fewer than "
+            f"--max-model-len {target.max_model_len}; lower --max-model-len to {context} or pick "
+            "a draft with a longer context."
+        )
+    return draft
 
 
 def _json_object(text: str) -> dict:

@@ -18,7 +18,7 @@ from inferengine.engine.step_timer import StepTimer
 from inferengine.errors import ConfigError
 from inferengine.executor.uniproc import UniprocExecutor
 from inferengine.logger import init_logger
-from inferengine.spec_decode.ngram import NgramProposer
+from inferengine.spec_decode import make_token_proposer
 
 if TYPE_CHECKING:
     from inferengine.worker.pending_step import PendingStep
@@ -40,8 +40,8 @@ class EngineCore:
         self._pending_outputs: list[EngineCoreOutput] = []
         self.async_scheduling = config.scheduler_config.async_scheduling
         self._inflight: tuple[SchedulerOutput, PendingStep] | None = None
-        spec = config.speculative_config
-        self.proposer = NgramProposer(spec) if spec is not None else None
+        self.spec = config.speculative_config
+        self.proposer = make_token_proposer(self.spec)
         interval = envs.step_stats_interval_s()
         self.step_timer = StepTimer(interval) if interval > 0 else None
         logger.info("engine core ready in %.2f s", time.perf_counter() - start)
@@ -106,6 +106,9 @@ class EngineCore:
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        if self.proposer is not None:
+            for req_id in request_ids:
+                self.proposer.finish(req_id)
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -118,7 +121,14 @@ class EngineCore:
 
     def step(self) -> EngineCoreOutputs:
         """One step. With async scheduling, launch step N+1 before collecting step N, so the
-        host schedules and prepares while the GPU computes; the outputs are step N's."""
+        host schedules and prepares while the GPU computes; the outputs are step N's.
+
+        Speculation needs each step's tokens before the next is scheduled (drafts continue
+        them), so steps that speculate run synchronously; the first such step after async ones
+        only collects the step in flight and drafts."""
+        speculate = self._speculate_now()
+        if speculate and self._inflight is not None:
+            return self._finish_step(self._collect(speculate))
         launched = None
         timer = self.step_timer
         if self.scheduler.has_unfinished_requests():
@@ -128,39 +138,63 @@ class EngineCore:
             launched = (scheduler_output, self.executor.execute_model_async(scheduler_output))
             if timer is not None:
                 timer.launched(scheduler_output, launched[1], t1 - t0, time.perf_counter() - t1)
-        if not self.async_scheduling and launched is not None:
+        if (speculate or not self.async_scheduling) and launched is not None:
             self._inflight, launched = launched, None
         if self._inflight is not None:
-            scheduler_output, pending = self._inflight
-            t0 = time.perf_counter()
-            runner_output = pending.resolve()
-            t1 = time.perf_counter()
-            outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-            if self.proposer is not None:
-                self._propose_drafts()
-            if timer is not None:
-                timer.resolved(t1 - t0, time.perf_counter() - t1)
+            outputs = self._collect(speculate)
         else:
             outputs = EngineCoreOutputs(
                 scheduler_stats=self.scheduler.make_stats(), timestamp=time.time()
             )
         self._inflight = launched
+        return self._finish_step(outputs)
+
+    def _speculate_now(self) -> bool:
+        return self.spec is not None
+
+    def _collect(self, speculate: bool) -> EngineCoreOutputs:
+        """Wait for the step in flight, fold in its tokens, and draft for the next step."""
+        assert self._inflight is not None
+        scheduler_output, pending = self._inflight
+        self._inflight = None
+        t0 = time.perf_counter()
+        runner_output = pending.resolve()
+        t1 = time.perf_counter()
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        if self.spec is not None:
+            self._forget_finished(outputs)
+            if speculate:
+                self._propose_drafts()
+        if self.step_timer is not None:
+            self.step_timer.resolved(t1 - t0, time.perf_counter() - t1)
+        return outputs
+
+    def _finish_step(self, outputs: EngineCoreOutputs) -> EngineCoreOutputs:
         if self._pending_outputs:
             outputs.outputs.extend(self._pending_outputs)
             outputs.errors = self._pending_errors
             self._pending_outputs, self._pending_errors = [], {}
         return outputs
 
+    def _forget_finished(self, outputs: EngineCoreOutputs) -> None:
+        if self.proposer is not None:
+            for o in outputs.outputs:
+                if o.finish_reason is not None:
+                    self.proposer.finish(o.request_id)
+
     def _propose_drafts(self) -> None:
         """Draft tokens for each running request that decodes next and may speculate.
 
         Left out (they decode one token at a time): seeded sampled requests, whose draws must
         stay those of plain decoding; penalties and pending min_tokens, which depend on every
-        earlier token; and logprobs, which are reported per sampled token.
+        earlier token; and logprobs, which are reported per sampled token. A draft model runs
+        in the worker, on lookahead pages allocated here for its drafts and their verification.
         """
-        assert self.proposer is not None
-        k = self.proposer.config.num_speculative_tokens
+        assert self.spec is not None
+        k = self.spec.num_speculative_tokens
         max_len = self.config.scheduler_config.max_model_len
+        wanted: dict[str, tuple[int, list[int]]] = {}
+        kv = self.scheduler.kv_cache_manager
         for request in self.scheduler.running:
             p = request.sampling_params
             if (
@@ -176,9 +210,19 @@ class EngineCore:
                 request.max_tokens - request.num_output_tokens - 1,
                 max_len - request.num_tokens - 1,
             )
-            request.spec_token_ids = (
-                self.proposer.propose(request.all_token_ids, cap) if cap > 0 else []
-            )
+            if cap <= 0:
+                continue
+            if self.proposer is not None:
+                request.spec_token_ids = self.proposer.propose(
+                    request.all_token_ids, cap, request.request_id
+                )
+                continue
+            new_blocks = kv.allocate_slots(request, 1 + cap)
+            if new_blocks is not None:  # no free page: no drafts, never a preemption
+                wanted[request.request_id] = (cap, [b.block_id for b in new_blocks])
+        if wanted:
+            for req_id, drafts in self.executor.propose_drafts(wanted).items():
+                self.scheduler.requests[req_id].spec_token_ids = drafts
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.kv_cache_manager.reset_prefix_cache()

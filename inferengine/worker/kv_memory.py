@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from inferengine.config import EngineConfig
+from inferengine.config import EngineConfig, ModelConfig
 from inferengine.logger import init_logger
 
 logger = init_logger(__name__)
@@ -16,21 +16,38 @@ DEFAULT_CPU_KV_BYTES = 1 << 30
 _GIB = 1 << 30
 
 
+def _kv_heads(m: ModelConfig, config: EngineConfig) -> int:
+    return max(1, m.num_kv_heads // config.parallel_config.tensor_parallel_size)
+
+
+def _models(config: EngineConfig) -> list[ModelConfig]:
+    """The target, and a draft model when one speculates: its pages share the target's ids."""
+    spec = config.speculative_config
+    draft = spec.draft_model_config if spec is not None else None
+    return [config.model_config] if draft is None else [config.model_config, draft]
+
+
 def kv_block_bytes(config: EngineConfig, dtype: torch.dtype) -> int:
-    """Bytes of one page across all layers (K and V) on one tensor-parallel rank."""
-    m = config.model_config
-    kv_heads = max(1, m.num_kv_heads // config.parallel_config.tensor_parallel_size)
-    per_token = 2 * m.num_layers * kv_heads * m.head_dim * dtype.itemsize
+    """Bytes of one page across all layers (K and V) on one tensor-parallel rank, the draft
+    model's layers included."""
+    per_token = sum(
+        2 * m.num_layers * _kv_heads(m, config) * m.head_dim * dtype.itemsize
+        for m in _models(config)
+    )
     return per_token * config.cache_config.block_size
 
 
 def allocate_kv_caches(
-    config: EngineConfig, num_blocks: int, dtype: torch.dtype, device: torch.device
+    config: EngineConfig,
+    num_blocks: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    model_config: ModelConfig | None = None,
 ) -> list[torch.Tensor]:
-    """One `[2, num_blocks, block_size, kv_heads, head_dim]` tensor per layer."""
-    m = config.model_config
-    kv_heads = max(1, m.num_kv_heads // config.parallel_config.tensor_parallel_size)
-    shape = (2, num_blocks, config.cache_config.block_size, kv_heads, m.head_dim)
+    """One `[2, num_blocks, block_size, kv_heads, head_dim]` tensor per layer of
+    `model_config` (default: the target)."""
+    m = model_config or config.model_config
+    shape = (2, num_blocks, config.cache_config.block_size, _kv_heads(m, config), m.head_dim)
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(m.num_layers)]
 
 

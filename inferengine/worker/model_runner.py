@@ -20,6 +20,7 @@ from inferengine.sample.metadata import build_sampling_metadata
 from inferengine.sample.rejection_sampler import NO_TOKEN, rejection_sample
 from inferengine.sample.sampler import Sampler, SamplerOutput, gather_logprobs
 from inferengine.sampling_params import SamplingParams
+from inferengine.spec_decode.draft_model import DraftModelProposer, DraftRequest
 from inferengine.worker.cuda_graphs import CudaGraphRunner, GraphShape
 from inferengine.worker.input_batch import InputBuffers, StepLayout
 from inferengine.worker.pending_step import PendingStep, SpecResult
@@ -77,6 +78,9 @@ class ModelRunner:
         self.graphs: CudaGraphRunner | None = None
         self._last: PendingStep | None = None  # the last launched step
         self._last_index: dict[str, int] = {}  # request -> its row in that step's samples
+        # Hidden states at the last step's sampling positions, for model proposers.
+        self._last_hidden: torch.Tensor | None = None
+        self.drafter: DraftModelProposer | None = None  # set by the worker for draft_model
 
     # ---- state -------------------------------------------------------------------------
 
@@ -84,6 +88,8 @@ class ModelRunner:
         buffers = self.buffers
         for req_id in so.finished_req_ids:
             state = self.requests.pop(req_id, None)
+            if self.drafter is not None:
+                self.drafter.finish(req_id)
             if state is not None:
                 buffers.free_row(state.row)
                 state.row = -1  # a pending step may still hold it
@@ -113,16 +119,17 @@ class ModelRunner:
             )
         for cached in so.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
-            if cached.new_block_ids:
-                n = len(cached.new_block_ids)
-                buffers.block_table[state.row, state.num_blocks : state.num_blocks + n] = (
-                    cached.new_block_ids
-                )
-                state.num_blocks += n
+            self._append_blocks(state, cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
         for req_id, drafts in so.scheduled_spec_decode_tokens.items():
             state = self.requests[req_id]
             buffers.token_ids[state.row, state.num_tokens : state.num_tokens + len(drafts)] = drafts
+
+    def _append_blocks(self, state: RequestState, block_ids: list[int]) -> None:
+        if block_ids:
+            n = len(block_ids)
+            self.buffers.block_table[state.row, state.num_blocks : state.num_blocks + n] = block_ids
+            state.num_blocks += n
 
     # ---- inputs ------------------------------------------------------------------------
 
@@ -229,7 +236,10 @@ class ModelRunner:
         result = spec = None
         if inputs.sample_rows:
             rows = self.buffers.stage_logits_indices(inputs.logits_rows)
-            logits = self.model.compute_logits(hidden[rows])
+            sampled_hidden = hidden[rows]
+            if self.drafter is not None:
+                self._last_hidden = sampled_hidden
+            logits = self.model.compute_logits(sampled_hidden)
             if any(inputs.num_drafts):
                 result, spec = self._verify_drafts(logits, states, inputs.num_drafts)
             else:
@@ -303,6 +313,28 @@ class ModelRunner:
         tokens[drafted] = verified.token_ids
         num_emitted[drafted] = verified.num_accepted + 1
         return result, SpecResult(tokens, num_emitted, plain)
+
+    @torch.inference_mode()
+    def propose_drafts(self, wanted: dict[str, tuple[int, list[int]]]) -> dict[str, list[int]]:
+        """Drafts from the draft model: `wanted` maps a request to (k, page ids the scheduler
+        added for its lookahead). Runs after the last step resolved."""
+        assert self.drafter is not None, "no draft model: the method drafts in the engine core"
+        if self._last is not None:
+            self._last.resolve()
+        requests = []
+        for req_id, (k, new_block_ids) in wanted.items():
+            state = self.requests[req_id]
+            self._append_blocks(state, new_block_ids)
+            requests.append(
+                DraftRequest(
+                    req_id,
+                    self.buffers.token_ids[state.row, : state.num_tokens].astype(np.int64),
+                    self.buffers.block_table[state.row, : state.num_blocks],
+                    k,
+                )
+            )
+        drafts = self.drafter.propose(requests, self._last_hidden)
+        return dict(zip(wanted, drafts, strict=True))
 
     def _resolve_if_history_needed(self, so: SchedulerOutput) -> None:
         """Penalties and min_tokens need every earlier token on the host: wait for them."""

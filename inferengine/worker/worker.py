@@ -8,10 +8,11 @@ import torch
 
 from inferengine.attention.autotune import AttentionShape
 from inferengine.attention.selector import select_attention_backend
-from inferengine.config import EngineConfig
+from inferengine.config import EngineConfig, ModelConfig
 from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from inferengine.logger import init_logger
 from inferengine.model.loader.loader import TORCH_DTYPES, load_model
+from inferengine.spec_decode.draft_model import DraftModelProposer
 from inferengine.worker import kv_memory
 from inferengine.worker.cuda_graphs import default_capture_sizes, default_mixed_sizes
 from inferengine.worker.model_runner import ModelRunner
@@ -39,9 +40,25 @@ class Worker:
         logger.info("attention backend: %s", self.attn_backend.name)
         model = load_model(config.model_config, self.device, self.attn_backend)
         self.runner = ModelRunner(config, model, self.device)
+        spec = config.speculative_config
+        self.draft_config = spec.draft_model_config if spec is not None else None
+        if self.draft_config is not None:
+            self.runner.drafter = self._load_draft_model(self.draft_config)
 
-    def attention_shape(self) -> AttentionShape:
-        m, tp = self.config.model_config, self.config.parallel_config.tensor_parallel_size
+    def _load_draft_model(self, draft: ModelConfig) -> DraftModelProposer:
+        backend, _ = select_attention_backend(
+            self.config.attention_backend,
+            False,
+            self.device,
+            self.attention_shape(draft),
+        )
+        logger.info("draft model %s, attention backend %s", draft.model, backend.name)
+        model = load_model(draft, self.device, backend)
+        return DraftModelProposer(model, self.config.cache_config.block_size, self.device)
+
+    def attention_shape(self, model_config: ModelConfig | None = None) -> AttentionShape:
+        m = model_config or self.config.model_config
+        tp = self.config.parallel_config.tensor_parallel_size
         use_window = m.hf_config.get("use_sliding_window", True)
         return AttentionShape(
             num_heads=m.num_attention_heads // tp,
@@ -68,6 +85,10 @@ class Worker:
         self.runner.kv_caches = kv_memory.allocate_kv_caches(
             self.config, num_blocks, self.dtype, self.device
         )
+        if self.runner.drafter is not None:
+            self.runner.drafter.kv_caches = kv_memory.allocate_kv_caches(
+                self.config, num_blocks, self.dtype, self.device, self.draft_config
+            )
         # Backends that read lengths on the host (torch, flex) cannot be captured; with
         # --enforce-eager, decode steps keep the padded shapes but run eagerly.
         if self.device.type == "cuda" and self.attn_backend.cuda_graph_safe:

@@ -138,7 +138,7 @@ def test_spec_metrics_under_vllms_names():
     assert _spec_stats(None) is None
 
 
-def test_cli_flag_builds_the_config_and_turns_async_scheduling_off(tiny_checkpoint):
+def test_cli_flag_builds_the_config(tiny_checkpoint):
     import argparse
 
     from inferengine.engine.arg_utils import EngineArgs
@@ -151,6 +151,7 @@ def test_cli_flag_builds_the_config_and_turns_async_scheduling_off(tiny_checkpoi
     config = EngineArgs.from_cli_args(args).create_engine_config()
     spec = config.speculative_config
     assert (spec.method, spec.num_speculative_tokens, spec.prompt_lookup_max) == ("ngram", 3, 5)
-    assert config.scheduler_config.async_scheduling is False
+    # Async scheduling stays on: the core runs only the steps that speculate synchronously.
+    assert config.scheduler_config.async_scheduling is True
     plain = EngineArgs(model=str(tiny_checkpoint("qwen2"))).create_engine_config()
-    assert plain.speculative_config is None and plain.scheduler_config.async_scheduling
+    assert plain.speculative_config is None
