@@ -1,8 +1,10 @@
 """CUDA graphs of the whole forward, for decode steps and for small mixed steps.
 
 A step is padded up to a captured shape: decode graphs take B one-token sequences (padded to a
-captured batch size), mixed graphs take any batch of up to T tokens (padded to a captured token
-count, with as many sequence slots as tokens, up to max_num_seqs). Padding tokens belong to no
+captured batch size); verify graphs, when the engine speculates k tokens, take B sequences of
+up to 1 + k tokens each (a token to sample plus its drafts: padded to B (1 + k) tokens); mixed
+graphs take any batch of up to T tokens (padded to a captured token count, with as many
+sequence slots as tokens, up to max_num_seqs). Padding tokens belong to no
 sequence and write nowhere; padding sequences have no queries and no context. Attention is
 launched with host-side bounds (max_query_len, max_model_len), never with device values, so one
 graph serves every step of its shape. Inputs live in the runner's persistent buffers; graphs are
@@ -56,7 +58,7 @@ class GraphShape:
 
     @property
     def key(self) -> tuple[str, int]:
-        return self.kind, self.num_tokens
+        return self.kind, self.num_seqs if self.kind == "verify" else self.num_tokens
 
 
 class CudaGraphRunner:
@@ -69,6 +71,7 @@ class CudaGraphRunner:
         decode_sizes: list[int],
         mixed_sizes: list[int],
         capture: bool = True,
+        verify_len: int = 1,
     ):
         self.runner = runner
         self.use_graphs = capture
@@ -78,6 +81,14 @@ class CudaGraphRunner:
         self.shapes = {("decode", b): GraphShape("decode", b, b, 1) for b in self.decode_sizes}
         for t in self.mixed_sizes:
             self.shapes[("mixed", t)] = GraphShape("mixed", t, min(t, max_seqs), t)
+        # Verify steps: each sequence scores its next token and up to verify_len - 1 drafts.
+        self.verify_len = verify_len
+        max_tokens = min(runner.buffers.max_num_tokens, MAX_MIXED_GRAPH_TOKENS)
+        self.verify_sizes = (
+            [b for b in self.decode_sizes if b * verify_len <= max_tokens] if verify_len > 1 else []
+        )
+        for b in self.verify_sizes:
+            self.shapes[("verify", b)] = GraphShape("verify", b * verify_len, b, verify_len)
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
         self.hidden: dict[tuple[str, int], torch.Tensor] = {}
         self._metadata: dict[tuple[str, int], AttentionMetadata] = {}
@@ -88,6 +99,10 @@ class CudaGraphRunner:
             i = bisect.bisect_left(self.decode_sizes, num_seqs)
             if i < len(self.decode_sizes):
                 return self.shapes[("decode", self.decode_sizes[i])]
+        if max_query_len <= self.verify_len:
+            i = bisect.bisect_left(self.verify_sizes, num_seqs)
+            if i < len(self.verify_sizes):
+                return self.shapes[("verify", self.verify_sizes[i])]
         i = bisect.bisect_left(self.mixed_sizes, num_tokens)
         if i < len(self.mixed_sizes):
             shape = self.shapes[("mixed", self.mixed_sizes[i])]
@@ -145,9 +160,12 @@ class CudaGraphRunner:
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         logger.info(
-            "captured %d CUDA graphs (decode batch 1..%d, mixed steps up to %d tokens) in %.2f s",
+            "captured %d CUDA graphs (decode batch 1..%d, %smixed steps up to %d tokens) in %.2f s",
             len(self.graphs),
             max(self.decode_sizes, default=0),
+            f"verify batch 1..{max(self.verify_sizes)} of {self.verify_len} tokens, "
+            if self.verify_sizes
+            else "",
             max(self.mixed_sizes, default=0),
             seconds,
         )

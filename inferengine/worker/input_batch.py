@@ -38,6 +38,7 @@ class InputBuffers:
         self.max_blocks = -(-max_model_len // block_size)
         self.device = device
         self.max_num_seqs = max_num_seqs
+        self.max_num_tokens = max_num_tokens
         # Per-request rows, kept across steps (host).
         self.token_ids = np.zeros((max_num_seqs, max_model_len + 1), dtype=np.int64)
         self.block_table = np.zeros((max_num_seqs, self.max_blocks), dtype=np.int32)

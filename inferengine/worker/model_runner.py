@@ -390,7 +390,9 @@ class ModelRunner:
     ) -> float:
         """Pad steps to captured shapes and capture a graph for each (unless `capture` is
         False); returns the seconds it took."""
-        self.graphs = CudaGraphRunner(self, decode_sizes, mixed_sizes, capture)
+        self.graphs = CudaGraphRunner(
+            self, decode_sizes, mixed_sizes, capture, verify_len=1 + self.max_drafts
+        )
         return self.graphs.capture() if capture else 0.0
 
     @torch.inference_mode()
