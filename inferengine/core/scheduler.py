@@ -95,6 +95,8 @@ class Scheduler:
         self.num_preemptions = 0
         self._last_step_tokens = 0
         self.spec_stats = SpecDecodingStats()
+        # (request id, drafts verified, drafts accepted) of the last update, for the draft policy
+        self.last_verified: list[tuple[str, int, int]] = []
 
     # ---- requests in and out -------------------------------------------------------------
 
@@ -291,6 +293,7 @@ class Scheduler:
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> EngineCoreOutputs:
         outputs: list[EngineCoreOutput] = []
+        self.last_verified = []
         index = {req_id: i for i, req_id in enumerate(runner_output.req_ids)}
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)
@@ -303,6 +306,7 @@ class Scheduler:
                 request.num_computed_tokens -= len(drafts) + 1 - len(sampled)
                 request.spec_token_ids = []
                 self.spec_stats.add(len(drafts), len(sampled) - 1)
+                self.last_verified.append((req_id, len(drafts), len(sampled) - 1))
             if sampled:
                 request.num_output_placeholders = max(
                     0, request.num_output_placeholders - len(sampled)

@@ -12,13 +12,14 @@ from inferengine import envs
 from inferengine.config import EngineConfig
 from inferengine.core.engine_io import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from inferengine.core.request import FinishReason, Request, RequestStatus
-from inferengine.core.sched_output import SchedulerOutput
+from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from inferengine.core.scheduler import Scheduler
 from inferengine.engine.step_timer import StepTimer
 from inferengine.errors import ConfigError
 from inferengine.executor.uniproc import UniprocExecutor
 from inferengine.logger import init_logger
 from inferengine.spec_decode import make_token_proposer
+from inferengine.spec_decode.draft_policy import DraftLengthPolicy
 
 if TYPE_CHECKING:
     from inferengine.worker.pending_step import PendingStep
@@ -42,6 +43,11 @@ class EngineCore:
         self._inflight: tuple[SchedulerOutput, PendingStep] | None = None
         self.spec = config.speculative_config
         self.proposer = make_token_proposer(self.spec)
+        self.draft_policy = (
+            DraftLengthPolicy(self.spec.num_speculative_tokens) if self.spec is not None else None
+        )
+        self._speculate_next = self.spec is not None
+        self._last_completion = time.perf_counter()
         interval = envs.step_stats_interval_s()
         self.step_timer = StepTimer(interval) if interval > 0 else None
         logger.info("engine core ready in %.2f s", time.perf_counter() - start)
@@ -106,9 +112,11 @@ class EngineCore:
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
-        if self.proposer is not None:
-            for req_id in request_ids:
+        for req_id in request_ids:
+            if self.proposer is not None:
                 self.proposer.finish(req_id)
+            if self.draft_policy is not None:
+                self.draft_policy.finish(req_id)
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -150,7 +158,7 @@ class EngineCore:
         return self._finish_step(outputs)
 
     def _speculate_now(self) -> bool:
-        return self.spec is not None
+        return self._speculate_next and self.scheduler.has_unfinished_requests()
 
     def _collect(self, speculate: bool) -> EngineCoreOutputs:
         """Wait for the step in flight, fold in its tokens, and draft for the next step."""
@@ -163,8 +171,7 @@ class EngineCore:
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         if self.spec is not None:
             self._forget_finished(outputs)
-            if speculate:
-                self._propose_drafts()
+            self._plan_speculation(speculate, scheduler_output, runner_output)
         if self.step_timer is not None:
             self.step_timer.resolved(t1 - t0, time.perf_counter() - t1)
         return outputs
@@ -177,10 +184,35 @@ class EngineCore:
         return outputs
 
     def _forget_finished(self, outputs: EngineCoreOutputs) -> None:
-        if self.proposer is not None:
-            for o in outputs.outputs:
-                if o.finish_reason is not None:
+        assert self.draft_policy is not None
+        for o in outputs.outputs:
+            if o.finish_reason is not None:
+                self.draft_policy.finish(o.request_id)
+                if self.proposer is not None:
                     self.proposer.finish(o.request_id)
+
+    def _plan_speculation(
+        self, speculated: bool, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> None:
+        """Feed the draft policy what the step just collected cost and yielded; if the next
+        step should speculate, draft for it."""
+        policy = self.draft_policy
+        assert policy is not None
+        now = time.perf_counter()
+        seconds, self._last_completion = now - self._last_completion, now
+        for req_id, num_drafts, num_accepted in self.scheduler.last_verified:
+            policy.record_acceptance(req_id, num_drafts, num_accepted)
+        num_decoding = len(self.scheduler.running)
+        policy.record_step(
+            speculated,
+            num_decoding,
+            scheduler_output.total_num_scheduled_tokens,
+            sum(len(t) for t in runner_output.sampled_token_ids),
+            seconds,
+        )
+        self._speculate_next = policy.speculate_now(num_decoding)
+        if self._speculate_next:
+            self._propose_drafts()
 
     def _propose_drafts(self) -> None:
         """Draft tokens for each running request that decodes next and may speculate.
@@ -190,8 +222,9 @@ class EngineCore:
         earlier token; and logprobs, which are reported per sampled token. A draft model runs
         in the worker, on lookahead pages allocated here for its drafts and their verification.
         """
-        assert self.spec is not None
+        assert self.spec is not None and self.draft_policy is not None
         k = self.spec.num_speculative_tokens
+        batch_tokens = len(self.scheduler.running)
         max_len = self.config.scheduler_config.max_model_len
         wanted: dict[str, tuple[int, list[int]]] = {}
         kv = self.scheduler.kv_cache_manager
@@ -210,8 +243,11 @@ class EngineCore:
                 request.max_tokens - request.num_output_tokens - 1,
                 max_len - request.num_tokens - 1,
             )
+            if cap > 0:
+                cap = self.draft_policy.num_drafts(request.request_id, cap, batch_tokens)
             if cap <= 0:
                 continue
+            batch_tokens += cap
             if self.proposer is not None:
                 request.spec_token_ids = self.proposer.propose(
                     request.all_token_ids, cap, request.request_id

@@ -155,3 +155,35 @@ def test_cli_flag_builds_the_config(tiny_checkpoint):
     assert config.scheduler_config.async_scheduling is True
     plain = EngineArgs(model=str(tiny_checkpoint("qwen2"))).create_engine_config()
     assert plain.speculative_config is None
+
+
+def test_a_batch_the_policy_turns_off_runs_as_plain_async_decoding(tiny_checkpoint, monkeypatch):
+    """k = 0 for the whole batch: no proposer call, no draft, and steps go back to async
+    scheduling (the next step is launched before the last one is collected)."""
+    from inferengine.spec_decode.draft_policy import DraftLengthPolicy
+    from inferengine.spec_decode.ngram import NgramProposer
+
+    path = str(tiny_checkpoint("llama3-tied"))
+    monkeypatch.setattr(DraftLengthPolicy, "speculate_now", lambda self, n: False)
+
+    def no_call(*args, **kwargs):
+        raise AssertionError("the proposer ran for a batch that does not speculate")
+
+    monkeypatch.setattr(NgramProposer, "propose", no_call)
+    prompts, params = _requests()
+    plain = LLM(path, max_model_len=256).generate(prompts, params, use_tqdm=False)
+    llm = LLM(path, max_model_len=256, speculative_config=SPEC)
+    core = llm.llm_engine.core
+    overlapped = []
+    step = core.step
+
+    def watching_step():
+        out = step()
+        overlapped.append(core._inflight is not None)
+        return out
+
+    monkeypatch.setattr(core, "step", watching_step)
+    spec = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in spec] == [o.outputs[0].token_ids for o in plain]
+    assert core.scheduler.spec_stats.num_drafts == 0
+    assert sum(overlapped) > len(overlapped) // 2
