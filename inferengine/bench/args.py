@@ -32,7 +32,12 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
         default="random",
         choices=[*DATASET_NAMES, "prefix_repetition"],
     )
-    g.add_argument("--dataset-path", help="ShareGPT-style JSON file (for --dataset-name sharegpt)")
+    g.add_argument(
+        "--dataset-path",
+        help='ShareGPT-style JSON (sharegpt), or JSONL of {"prompt": ...} lines sent as they are '
+        "(custom)",
+    )
+    g.add_argument("--custom-output-len", type=int, default=d.custom_output_len)
     g.add_argument("--num-prompts", type=int, default=d.num_prompts)
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--random-input-len", type=int, default=d.random_input_len)
@@ -155,6 +160,7 @@ def workload_from_args(args: argparse.Namespace) -> WorkloadConfig:
         prefix_repetition_suffix_len=args.prefix_repetition_suffix_len,
         prefix_repetition_num_prefixes=args.prefix_repetition_num_prefixes,
         prefix_repetition_output_len=args.prefix_repetition_output_len,
+        custom_output_len=args.custom_output_len,
     )
     return WorkloadConfig(
         dataset=dataset,

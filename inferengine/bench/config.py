@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
-DATASET_NAMES = ("random", "sharegpt", "prefix-repetition")
+DATASET_NAMES = ("random", "sharegpt", "prefix-repetition", "custom")
 ENDPOINT_BACKENDS = {"/v1/completions": "openai", "/v1/chat/completions": "openai-chat"}
 
 
@@ -32,6 +32,9 @@ class DatasetConfig:
     prefix_repetition_suffix_len: int = 256
     prefix_repetition_num_prefixes: int = 10
     prefix_repetition_output_len: int = 128
+    # custom: a JSONL file of {"prompt": text} sent as they are (already chat-formatted), in
+    # file order, each asking for custom_output_len tokens
+    custom_output_len: int = 256
 
 
 @dataclass

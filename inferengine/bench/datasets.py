@@ -61,7 +61,39 @@ def sample_requests(cfg: DatasetConfig, tokenizer: Any) -> list[SampleRequest]:
         return sample_sharegpt(cfg, tokenizer)
     if name == "prefix-repetition":
         return sample_prefix_repetition(cfg, tokenizer)
-    raise ConfigError(f"unknown dataset {cfg.name!r}; use random, sharegpt or prefix-repetition")
+    if name == "custom":
+        return sample_custom(cfg, tokenizer)
+    raise ConfigError(
+        f"unknown dataset {cfg.name!r}; use random, sharegpt, prefix-repetition or custom"
+    )
+
+
+def sample_custom(cfg: DatasetConfig, tokenizer: Any) -> list[SampleRequest]:
+    """The first `num_prompts` lines of a JSONL file of {"prompt": text}, in file order and
+    repeated from the top when there are fewer (vLLM's custom dataset with --disable-shuffle
+    and --skip-chat-template: the prompts are sent as written)."""
+    if not cfg.path or not Path(cfg.path).is_file():
+        raise ConfigError(
+            '--dataset-name custom needs --dataset-path: a JSONL file of {"prompt": ...} lines'
+        )
+    prompts = []
+    for number, line in enumerate(Path(cfg.path).read_text().splitlines(), 1):
+        if line.strip():
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+                raise ConfigError(f'{cfg.path}:{number}: expected {{"prompt": "..."}}')
+            prompts.append(record["prompt"])
+    if not prompts:
+        raise ConfigError(f"{cfg.path} holds no prompts")
+    if cfg.custom_output_len < 1:
+        raise ConfigError("--custom-output-len must be at least 1")
+    chosen = [prompts[i % len(prompts)] for i in range(cfg.num_prompts)]
+    return [
+        SampleRequest(
+            p, len(tokenizer(p, add_special_tokens=False).input_ids), cfg.custom_output_len
+        )
+        for p in chosen
+    ]
 
 
 def allowed_token_ids(tokenizer: Any) -> np.ndarray:

@@ -14,6 +14,8 @@ How our workload maps onto vLLM's flags (`vllm_bench_flags` builds exactly this)
     --random-input-len/-output-len/-range-ratio/-prefix-len    the same names
     --sharegpt-output-len             --sharegpt-output-len
     --prefix-repetition-{prefix-len,suffix-len,num-prefixes,output-len}   the same names
+    --dataset-name custom             --dataset-name custom --dataset-path --custom-output-len
+                                      --skip-chat-template --disable-shuffle
     --num-prompts --seed --request-rate --burstiness --max-concurrency --num-warmups
                                       the same names
     --temperature T                   --temperature T (ours defaults to 0, vLLM's to unset)
@@ -41,6 +43,7 @@ VLLM_DATASET_NAMES = {
     "random": "random",
     "sharegpt": "sharegpt",
     "prefix-repetition": "prefix_repetition",
+    "custom": "custom",
 }
 
 
@@ -62,6 +65,12 @@ def vllm_bench_flags(
             "--random-output-len", str(d.random_output_len),
             "--random-range-ratio", str(d.random_range_ratio),
             "--random-prefix-len", str(d.random_prefix_len),
+        ]  # fmt: skip
+    elif dataset == "custom":
+        flags += [
+            "--dataset-path", str(d.path),
+            "--custom-output-len", str(d.custom_output_len),
+            "--skip-chat-template", "--disable-shuffle",
         ]  # fmt: skip
     elif dataset == "sharegpt":
         flags += ["--dataset-path", str(d.path)]

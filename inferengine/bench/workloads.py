@@ -1,9 +1,11 @@
 """The named workloads of `bench paired --workload NAME`: the README's comparisons, fixed in code.
 
-Every workload sends random token prompts (vLLM's `random` dataset, the same seed for every
-system), asks for exactly the output length (`ignore_eos`) at temperature 0, and warms each
-server up with the same requests before it is measured. `long-prompt` needs a server started
-with `--max-model-len 8192` or more; the others fit 2048.
+Every workload but `grounded` sends random token prompts (vLLM's `random` dataset, the same seed
+for every system) and asks for exactly the output length (`ignore_eos`); `grounded` sends the
+input-grounded chat prompts of benchmarks/data/grounded-smollm2.jsonl (quote, edit or
+summarise a given text; SmolLM2's chat format) and lets the model stop at its end of turn. All
+run at temperature 0 and warm each server up with the same requests before it is measured.
+`long-prompt` needs a server started with `--max-model-len 8192` or more; the others fit 2048.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from dataclasses import dataclass
 
 from inferengine.bench.config import PERCENTILE_METRICS, DatasetConfig, WorkloadConfig
 from inferengine.errors import ConfigError
+
+GROUNDED_PROMPTS = "benchmarks/data/grounded-smollm2.jsonl"  # relative to the checkout
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,20 @@ _DEFINITIONS: dict[str, tuple[str, WorkloadConfig]] = {
     "long-prompt": _random(
         "48 prompts, in 6144, out 128, concurrency 8 (server --max-model-len 8192)",
         input_len=6144, output_len=128, num_prompts=48, concurrency=8, warmups=4,
+    ),
+    "c64": _random(
+        "320 prompts, in 512, out 256, concurrency 64",
+        input_len=512, output_len=256, num_prompts=320, concurrency=64, warmups=16,
+    ),
+    "grounded": (
+        "18 input-grounded chat prompts (quote, edit, summarise), out <= 256, one at a time",
+        WorkloadConfig(
+            dataset=DatasetConfig(
+                name="custom", path=GROUNDED_PROMPTS, num_prompts=18, custom_output_len=256
+            ),
+            max_concurrency=1, temperature=0.0, num_warmups=2,
+            percentile_metrics=PERCENTILE_METRICS, metric_percentiles=(99.0,),
+        ),
     ),
 }  # fmt: skip
 

@@ -139,3 +139,29 @@ def test_sharegpt_takes_first_human_turn_and_filters(tokenizer, tmp_path):
 def test_unknown_dataset_is_a_config_error(tokenizer):
     with pytest.raises(ConfigError):
         sample_requests(DatasetConfig(name="sonnet"), tokenizer)
+
+
+def test_custom_prompts_go_as_written_in_file_order(tokenizer, tmp_path):
+    from inferengine.bench.vllm_client import vllm_bench_flags
+    from inferengine.bench.workloads import WORKLOADS
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "one two"}\n\n{"prompt": "three"}\n')
+    cfg = DatasetConfig(name="custom", path=str(path), num_prompts=3, custom_output_len=7)
+    requests = sample_requests(cfg, tokenizer)
+    assert [r.prompt for r in requests] == ["one two", "three", "one two"]
+    assert [r.expected_output_len for r in requests] == [7, 7, 7]
+    assert requests[0].prompt_len == retokenized(tokenizer, "one two")
+    # vLLM's client gets the same prompts: no chat template, no shuffling.
+    flags = vllm_bench_flags(WORKLOADS["grounded"].workload, "http://h:1", "m", "/tok")
+    i = flags.index("--dataset-name")
+    assert flags[i + 1] == "custom"
+    assert {"--skip-chat-template", "--disable-shuffle"} <= set(flags)
+    assert flags[flags.index("--custom-output-len") + 1] == "256"
+    assert "--ignore-eos" not in flags
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "x"}\n')
+    with pytest.raises(ConfigError, match=r"bad\.jsonl:1"):
+        sample_requests(DatasetConfig(name="custom", path=str(bad), num_prompts=1), tokenizer)
+    with pytest.raises(ConfigError, match="needs --dataset-path"):
+        sample_requests(DatasetConfig(name="custom", num_prompts=1), tokenizer)
