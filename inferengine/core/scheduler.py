@@ -95,6 +95,9 @@ class Scheduler:
         self.num_preemptions = 0
         self._last_step_tokens = 0
         self.spec_stats = SpecDecodingStats()
+        # Requests that ended, kept for the engine core's proposer when it asks (speculation)
+        self.keep_finished = False
+        self.just_finished: list[Request] = []
         # (request id, drafts verified, drafts accepted) of the last update, for the draft policy
         self.last_verified: list[tuple[str, int, int]] = []
 
@@ -366,6 +369,8 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
+        if self.keep_finished:
+            self.just_finished.append(request)
 
     # ---- stats -------------------------------------------------------------------------
 

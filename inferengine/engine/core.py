@@ -37,6 +37,7 @@ class EngineCore:
         config.cache_config.num_blocks = num_blocks
         self.executor.initialize_cache(num_blocks)
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config)
+        self.scheduler.keep_finished = config.speculative_config is not None
         self._pending_errors: dict[str, str] = {}
         self._pending_outputs: list[EngineCoreOutput] = []
         self.async_scheduling = config.scheduler_config.async_scheduling
@@ -112,11 +113,8 @@ class EngineCore:
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
-        for req_id in request_ids:
-            if self.proposer is not None:
-                self.proposer.finish(req_id)
-            if self.draft_policy is not None:
-                self.draft_policy.finish(req_id)
+        if self.spec is not None:
+            self._forget_finished()
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -170,7 +168,7 @@ class EngineCore:
         t1 = time.perf_counter()
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         if self.spec is not None:
-            self._forget_finished(outputs)
+            self._forget_finished()
             self._plan_speculation(speculate, scheduler_output, runner_output)
         if self.step_timer is not None:
             self.step_timer.resolved(t1 - t0, time.perf_counter() - t1)
@@ -183,13 +181,17 @@ class EngineCore:
             self._pending_outputs, self._pending_errors = [], {}
         return outputs
 
-    def _forget_finished(self, outputs: EngineCoreOutputs) -> None:
+    def _forget_finished(self) -> None:
+        """Requests that ended: the policy forgets them; the suffix proposer keeps their text
+        for later requests."""
         assert self.draft_policy is not None
-        for o in outputs.outputs:
-            if o.finish_reason is not None:
-                self.draft_policy.finish(o.request_id)
-                if self.proposer is not None:
-                    self.proposer.finish(o.request_id)
+        for request in self.scheduler.just_finished:
+            self.draft_policy.finish(request.request_id)
+            if self.proposer is not None:
+                self.proposer.finish(
+                    request.request_id, request.all_token_ids, request.num_prompt_tokens
+                )
+        self.scheduler.just_finished.clear()
 
     def _plan_speculation(
         self, speculated: bool, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput

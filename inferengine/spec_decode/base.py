@@ -21,6 +21,9 @@ class TokenProposer(Protocol):
         request `request_id`; maybe none."""
         ...
 
-    def finish(self, request_id: str) -> None:
-        """The request ended: drop what is kept for it (or keep it for later requests)."""
+    def finish(
+        self, request_id: str, token_ids: Sequence[int] | None = None, num_prompt_tokens: int = 0
+    ) -> None:
+        """Request `request_id` ended with `token_ids` (its first `num_prompt_tokens` are the
+        prompt): drop what is kept for it, or keep its text for later requests."""
         ...

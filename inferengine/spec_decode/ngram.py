@@ -48,5 +48,7 @@ class NgramProposer:
                 return tokens[start : start + limit].tolist()
         return []
 
-    def finish(self, request_id: str) -> None:
+    def finish(
+        self, request_id: str, token_ids: Sequence[int] | None = None, num_prompt_tokens: int = 0
+    ) -> None:
         """Nothing is kept between steps."""
