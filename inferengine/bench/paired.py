@@ -46,7 +46,9 @@ from inferengine.errors import ConfigError, InferEngineError
 RESULTS_ROOT = Path("benchmarks/results")
 SUMMARY_FORMAT = "inferengine-bench-paired/2"
 JUDGES = ("vllm", "ours")
-SERVER_STATS = r"throughput|Running:|KV cache usage|preempt"  # log lines kept from the middle
+SERVER_STATS = (
+    r"throughput|Running:|KV cache usage|preempt|speculation:"  # log lines kept from the middle
+)
 
 
 @dataclass

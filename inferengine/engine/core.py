@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
+POLICY_LOG_INTERVAL_S = 10.0  # how often a speculating engine logs its draft policy
+
 
 class EngineCore:
     def __init__(self, config: EngineConfig):
@@ -41,14 +43,15 @@ class EngineCore:
         self._pending_errors: dict[str, str] = {}
         self._pending_outputs: list[EngineCoreOutput] = []
         self.async_scheduling = config.scheduler_config.async_scheduling
-        self._inflight: tuple[SchedulerOutput, PendingStep] | None = None
+        # The launched step not yet collected, and whether it speculated.
+        self._inflight: tuple[SchedulerOutput, PendingStep, bool] | None = None
         self.spec = config.speculative_config
         self.proposer = make_token_proposer(self.spec)
         self.draft_policy = (
             DraftLengthPolicy(self.spec.num_speculative_tokens) if self.spec is not None else None
         )
         self._speculate_next = self.spec is not None
-        self._last_completion = time.perf_counter()
+        self._last_completion = self._last_policy_log = time.perf_counter()
         interval = envs.step_stats_interval_s()
         self.step_timer = StepTimer(interval) if interval > 0 else None
         logger.info("engine core ready in %.2f s", time.perf_counter() - start)
@@ -141,7 +144,8 @@ class EngineCore:
             t0 = time.perf_counter()
             scheduler_output = self.scheduler.schedule()
             t1 = time.perf_counter()
-            launched = (scheduler_output, self.executor.execute_model_async(scheduler_output))
+            pending = self.executor.execute_model_async(scheduler_output)
+            launched = (scheduler_output, pending, speculate)
             if timer is not None:
                 timer.launched(scheduler_output, launched[1], t1 - t0, time.perf_counter() - t1)
         if (speculate or not self.async_scheduling) and launched is not None:
@@ -161,7 +165,7 @@ class EngineCore:
     def _collect(self, speculate: bool) -> EngineCoreOutputs:
         """Wait for the step in flight, fold in its tokens, and draft for the next step."""
         assert self._inflight is not None
-        scheduler_output, pending = self._inflight
+        scheduler_output, pending, speculated = self._inflight
         self._inflight = None
         t0 = time.perf_counter()
         runner_output = pending.resolve()
@@ -169,7 +173,7 @@ class EngineCore:
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         if self.spec is not None:
             self._forget_finished()
-            self._plan_speculation(speculate, scheduler_output, runner_output)
+            self._plan_speculation(speculated, scheduler_output, runner_output)
         if self.step_timer is not None:
             self.step_timer.resolved(t1 - t0, time.perf_counter() - t1)
         return outputs
@@ -204,15 +208,29 @@ class EngineCore:
         seconds, self._last_completion = now - self._last_completion, now
         for req_id, num_drafts, num_accepted in self.scheduler.last_verified:
             policy.record_acceptance(req_id, num_drafts, num_accepted)
-        num_decoding = len(self.scheduler.running)
+        so = scheduler_output
+        num_drafts = sum(len(d) for d in so.scheduled_spec_decode_tokens.values())
+        # Only decode steps are measured: a prompt chunk's cost says nothing about speculating.
+        decode_only = so.total_num_scheduled_tokens == len(so.num_scheduled_tokens) + num_drafts
         policy.record_step(
             speculated,
-            num_decoding,
-            scheduler_output.total_num_scheduled_tokens,
+            len(so.num_scheduled_tokens) if decode_only else 0,
+            so.total_num_scheduled_tokens,
             sum(len(t) for t in runner_output.sampled_token_ids),
             seconds,
         )
+        num_decoding = len(self.scheduler.running)
         self._speculate_next = policy.speculate_now(num_decoding)
+        if now - self._last_policy_log >= POLICY_LOG_INTERVAL_S:
+            self._last_policy_log = now
+            stats = self.scheduler.spec_stats
+            logger.info(
+                "speculation: %d drafts, %d draft tokens, %d accepted; %s",
+                stats.num_drafts,
+                stats.num_draft_tokens,
+                stats.num_accepted_tokens,
+                policy.summary(),
+            )
         if self._speculate_next:
             self._propose_drafts()
 

@@ -6,21 +6,35 @@ The tail of the request's tokens (prompt and output so far), longest first from
 at the most recent earlier occurrence, the tokens that followed become the drafts, at most
 `num_speculative_tokens` of them. No model runs, so drafts are one-hot for the rejection sampler.
 Strong where the output quotes or edits its input (summaries, code edits, agent loops).
+
+Each request keeps an index from every n-gram (of the lookup lengths) that has a successor to
+where its most recent occurrence ends; a step adds only the n-grams its new tokens complete, so
+proposing costs O(lookup lengths × new tokens), not a scan of the whole text (it runs for every
+request in the step loop). Requests without a `request_id` are looked up from scratch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from inferengine.config import SpeculativeConfig
+
+
+@dataclass
+class _Index:
+    length: int = 0  # tokens indexed so far
+    last: int = -1  # the last of them
+    # n-gram -> position just after its most recent occurrence that has a successor
+    ends: dict[tuple[int, ...], int] = field(default_factory=dict)
 
 
 class NgramProposer:
     def __init__(self, config: SpeculativeConfig):
         self.config = config
+        self._indexes: dict[str, _Index] = {}
 
     def propose(
         self,
@@ -35,20 +49,40 @@ class NgramProposer:
             if max_drafts is None
             else min(max_drafts, c.num_speculative_tokens)
         )
-        tokens = np.asarray(token_ids, dtype=np.int64)
-        if limit <= 0:
+        tokens = token_ids.tolist() if isinstance(token_ids, np.ndarray) else token_ids
+        if limit <= 0 or len(tokens) < 2:
             return []
-        for n in range(min(c.prompt_lookup_max, len(tokens) - 1), c.prompt_lookup_min - 1, -1):
-            tail = tokens[-n:]
-            # Windows that start before the tail itself, so at least one token follows each.
-            windows = sliding_window_view(tokens[:-1], n)
-            hits = np.flatnonzero((windows == tail).all(axis=1))
-            if hits.size:
-                start = int(hits[-1]) + n
-                return tokens[start : start + limit].tolist()
+        index = self._index(request_id, tokens)
+        n_tokens = len(tokens)
+        for n in range(min(c.prompt_lookup_max, n_tokens - 1), c.prompt_lookup_min - 1, -1):
+            start = index.ends.get(tuple(tokens[n_tokens - n :]))
+            if start is not None:
+                return list(tokens[start : start + limit])
         return []
+
+    def _index(self, request_id: str, tokens: Sequence[int]) -> _Index:
+        """The request's index brought up to `tokens` (rebuilt if they are not a continuation
+        of what it holds)."""
+        index = self._indexes.get(request_id) if request_id else None
+        if (
+            index is None
+            or index.length > len(tokens)
+            or (index.length and index.last != tokens[index.length - 1])
+        ):
+            index = _Index()
+            if request_id:
+                self._indexes[request_id] = index
+        lo, hi = self.config.prompt_lookup_min, self.config.prompt_lookup_max
+        ends, old = index.ends, index.length
+        # An n-gram ending at position e (inclusive) has a successor once e + 1 < len(tokens).
+        for e in range(max(old - 1, 0), len(tokens) - 1):
+            for n in range(lo, min(hi, e + 1) + 1):
+                ends[tuple(tokens[e - n + 1 : e + 1])] = e + 1
+        index.length, index.last = len(tokens), tokens[-1]
+        return index
 
     def finish(
         self, request_id: str, token_ids: Sequence[int] | None = None, num_prompt_tokens: int = 0
     ) -> None:
-        """Nothing is kept between steps."""
+        """Forget the request's index."""
+        self._indexes.pop(request_id, None)

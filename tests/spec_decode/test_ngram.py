@@ -68,3 +68,27 @@ def test_bad_configs_say_what_to_change(values, message):
 def test_suffix_defaults_to_the_tree_depth_as_vllm_does():
     config = SpeculativeConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": 8})
     assert config.num_speculative_tokens == 8
+
+
+def _lookup_from_scratch(tokens, k, lo, hi):
+    """The definition: the most recent earlier occurrence of the longest matching tail."""
+    for n in range(min(hi, len(tokens) - 1), lo - 1, -1):
+        tail = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start : start + n] == tail:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_incremental_index_proposes_what_a_fresh_lookup_does(seed):
+    import random
+
+    rng = random.Random(seed)
+    p = proposer(k=4, lo=2, hi=4)
+    tokens = [rng.randrange(6) for _ in range(5)]
+    for _ in range(60):
+        assert p.propose(tokens, request_id="r") == _lookup_from_scratch(tokens, 4, 2, 4)
+        tokens += [rng.randrange(6) for _ in range(rng.randint(1, 5))]
+    p.finish("r")
+    assert p._indexes == {}
