@@ -12,6 +12,7 @@
 #   carry .smollm2/part.ab, .smollm2/whl:   bash benchmarks/gpu_spec.sh prepare
 #   carry .peerA / .peerB:                  as in gpu_paired.sh
 #   carry .peer2:                           GIT_REV=<sha> bash benchmarks/gpu_spec.sh smollm2
+#                                           (smollm2-ours: without vLLM's server)
 #   carry .peer2:                           GIT_REV=<sha> bash benchmarks/gpu_spec.sh qwen
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 INFERENGINE_CACHE_DIR=/tmp/ie-cache
@@ -50,12 +51,14 @@ run_set() {  # name, paired args...
 }
 for item in "$@"; do
   case $item in
-    smollm2)
+    smollm2|smollm2-ours)  # smollm2-ours: without vLLM's server (its numbers do not change)
       hf=$(cat /tmp/smollm2/hf-path) || exit 1
+      peer=(--system "vllm-ngram=preset:vllm --dtype bfloat16 --max-model-len 4096 --speculative-config '$NGRAM'")
+      [ "$item" = smollm2-ours ] && peer=()
       run_set spec-smollm2 --model-dir "$hf" --served-model-name smollm2 --workload grounded \
         --system "inferengine=preset:inferengine --max-model-len 4096 --disable-log-requests" \
         --system "inferengine-ngram=preset:inferengine --max-model-len 4096 --disable-log-requests --speculative-config '$NGRAM'" \
-        --system "vllm-ngram=preset:vllm --dtype bfloat16 --max-model-len 4096 --speculative-config '$NGRAM'";;
+        "${peer[@]}";;
     qwen)
       run_set spec-qwen2.5-7b --model-dir configs/qwen2.5-7b --served-model-name qwen2.5-7b \
         --workload c64 --workload c256 \

@@ -75,7 +75,7 @@ from typing import Any
 
 _TINY = 1e-30  # below this, a faded weight is zero (no denormal arithmetic in the step loop)
 _MIN_FIT_WEIGHT = 4.0  # recent steps needed before a fitted slope counts
-_MIN_FIT_SPREAD = 0.05  # and the scheduled tokens must vary by this much (std / mean)
+_MIN_FIT_SPREAD = 0.35  # token counts must spread (std over mean) for a slope to mean anything
 _MIN_TRIGGER_WEIGHT = 2.0  # the current mode's goodput must rest on this much recent weight
 
 

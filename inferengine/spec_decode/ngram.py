@@ -4,7 +4,9 @@ appeared earlier in the same request.
 The tail of the request's tokens (prompt and output so far), longest first from
 `prompt_lookup_max` down to `prompt_lookup_min` tokens, is looked up among the earlier tokens;
 at the most recent earlier occurrence, the tokens that followed become the drafts, at most
-`num_speculative_tokens` of them. No model runs, so drafts are one-hot for the rejection sampler.
+`num_speculative_tokens` of them. Where that continuation runs into the end of the text, it goes
+on copying itself (a text that repeats with period p is continued with period p: the loops of
+small models and repeated fields of generated data are drafted in full). No model runs, so drafts are one-hot for the rejection sampler.
 Strong where the output quotes or edits its input (summaries, code edits, agent loops).
 
 Each request keeps an index from every n-gram (of the lookup lengths) that has a successor to
@@ -57,7 +59,10 @@ class NgramProposer:
         for n in range(min(c.prompt_lookup_max, n_tokens - 1), c.prompt_lookup_min - 1, -1):
             start = index.ends.get(tuple(tokens[n_tokens - n :]))
             if start is not None:
-                return list(tokens[start : start + limit])
+                drafts = list(tokens[start : start + limit])
+                for i in range(len(drafts), limit):
+                    drafts.append(drafts[start + i - n_tokens])
+                return drafts
         return []
 
     def _index(self, request_id: str, tokens: Sequence[int]) -> _Index:

@@ -38,9 +38,9 @@ def test_no_match_shorter_than_min_and_caps():
     assert proposer().propose([9]) == [] and proposer().propose([]) == []
 
 
-def test_drafts_stop_at_the_end_of_the_text():
-    assert proposer(k=5).propose([3, 4, 9, 3, 4]) == [9, 3, 4]
-    assert proposer(k=4, lo=1, hi=2).propose([0, 0, 0]) == [0]
+def test_a_continuation_that_reaches_the_end_copies_itself_periodically():
+    assert proposer(k=5).propose([3, 4, 9, 3, 4]) == [9, 3, 4, 9, 3]
+    assert proposer(k=4, lo=1, hi=2).propose([0, 0, 0]) == [0, 0, 0, 0]
 
 
 @pytest.mark.parametrize(
@@ -76,7 +76,10 @@ def _lookup_from_scratch(tokens, k, lo, hi):
         tail = tokens[-n:]
         for start in range(len(tokens) - n - 1, -1, -1):
             if tokens[start : start + n] == tail:
-                return tokens[start + n : start + n + k]
+                text = list(tokens)
+                for i in range(k):  # continues periodically past the end
+                    text.append(text[start + n + i])
+                return text[len(tokens) : len(tokens) + k]
     return []
 
 
