@@ -150,6 +150,11 @@ class _Goodput:
         rate = self.rate
         return None if rate is None else rate * self.num_decoding / self.weight
 
+    def emits_drafts(self, margin: float) -> bool:
+        """Whether these steps emitted more than one token per request by `margin` (some
+        drafts were accepted)."""
+        return self.weight > 0 and self.emitted_per_request / self.weight > 1.0 + margin
+
     @property
     def emitted_per_token(self) -> float:
         return self.emitted / self.tokens if self.tokens > 0 else 1.0
@@ -408,6 +413,8 @@ class DraftLengthPolicy:
         mine, other = bucket.modes[candidate].rate, bucket.modes[not candidate].rate
         if mine is None:
             return False
+        if candidate and not bucket.modes[True].emits_drafts(self.min_gain):
+            return False  # steps without accepted drafts only pay for running synchronously
         if other is None:
             return True
         return mine > other * (1.0 + self.switch_margin) if candidate else mine > other

@@ -209,3 +209,15 @@ def test_rejects_bad_tunables():
         DraftLengthPolicy(K, probe_backoff=(8, 4))
     with pytest.raises(ValueError):
         DraftLengthPolicy(-1)
+
+
+def test_speculating_steps_that_emit_no_draft_never_win_on_noise():
+    """No request got an accepted draft (one token per request per step), yet the speculating
+    steps happened to measure faster: running synchronously cannot have paid, so plain wins."""
+    policy = DraftLengthPolicy(4)
+    for _ in range(40):
+        mode = policy.speculate_now(64)
+        # 64 requests, one token each; the speculating steps look 20% faster (noise).
+        policy.record_step(mode, 64, 64, 64, 0.008 if mode else 0.010)
+    assert policy.bucket_state(64) == "plain"
+    assert not policy.speculate_now(64)
