@@ -40,6 +40,18 @@ class RequestState:
     generator: torch.Generator | None
 
 
+def _plain_greedy(state: RequestState) -> bool:
+    """Greedy, and nothing changes its logits or asks for logprobs: argmax alone decides."""
+    p = state.sampling_params
+    return (
+        p.greedy
+        and p.logprobs is None
+        and not p.logit_bias
+        and not p.uses_penalties
+        and len(state.output_token_ids) >= p.min_tokens
+    )
+
+
 @dataclass
 class StepInputs:
     num_tokens: int  # real tokens (padding excluded)
@@ -273,6 +285,8 @@ class ModelRunner:
         """Rows without drafts sample as usual; rows with drafts go through rejection sampling
         (the engine core drafts only for requests whose sampling does not depend on earlier
         draws or tokens: no seeds, penalties, pending min_tokens or logprobs)."""
+        if all(_plain_greedy(s) for s in states):
+            return None, self._verify_greedy(logits, states, num_drafts)
         starts = np.cumsum([0, *(1 + d for d in num_drafts)])
         plain = [i for i, d in enumerate(num_drafts) if d == 0]
         drafted = [i for i, d in enumerate(num_drafts) if d > 0]
@@ -335,6 +349,18 @@ class ModelRunner:
             )
         drafts = self.drafter.propose(requests, self._last_hidden)
         return dict(zip(wanted, drafts, strict=True))
+
+    def _verify_greedy(
+        self, logits: torch.Tensor, states: list[RequestState], num_drafts: list[int]
+    ) -> SpecResult:
+        """Every row greedy with nothing that adjusts its logits: the argmax of each logits
+        row goes to the host, where the drafts are checked against it (one kernel, no
+        probabilities)."""
+        drafts = [
+            self.buffers.token_ids[s.row, s.num_tokens : s.num_tokens + d].tolist()
+            for s, d in zip(states, num_drafts, strict=True)
+        ]
+        return SpecResult(logits.argmax(dim=-1), None, [], greedy_drafts=drafts)
 
     def _resolve_if_history_needed(self, so: SchedulerOutput) -> None:
         """Penalties and min_tokens need every earlier token on the host: wait for them."""

@@ -29,11 +29,30 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class SpecResult:
-    """A step that verified drafts: each sampling row emits `num_emitted[i]` of `tokens[i]`."""
+    """A step that verified drafts: each sampling row emits `num_emitted[i]` of `tokens[i]`.
 
-    tokens: torch.Tensor  # int64 [S, K + 1]
-    num_emitted: torch.Tensor  # int64 [S]
+    All-greedy steps verify on the host instead: `tokens` is then the target's argmax at every
+    logits row ([sum(1 + k_i)]), `greedy_drafts` each row's drafts, and a row emits its drafts
+    while they equal the argmax, then the argmax where they stop (greedy rejection sampling).
+    """
+
+    tokens: torch.Tensor  # int64 [S, K + 1], or [sum(1 + k_i)] with greedy_drafts
+    num_emitted: torch.Tensor | None  # int64 [S]; None with greedy_drafts
     plain_rows: list[int]  # sampling rows without drafts, in the order of the sampler's result
+    greedy_drafts: list[list[int]] | None = None
+
+
+def accept_greedy(argmax: list[int], drafts: list[list[int]]) -> list[list[int]]:
+    """Each row's emitted tokens: its drafts while they match the argmax, then the argmax."""
+    emitted, start = [], 0
+    for row in drafts:
+        targets = argmax[start : start + len(row) + 1]
+        n = 0
+        while n < len(row) and row[n] == targets[n]:
+            n += 1
+        emitted.append(targets[: n + 1])
+        start += len(row) + 1
+    return emitted
 
 
 class PendingStep:
@@ -60,13 +79,16 @@ class PendingStep:
         if spec is not None:
             self.sampled_device = None  # several tokens per row: no device hand-off
             self._result_row = {row: j for j, row in enumerate(spec.plain_rows)}
-            tensors = [spec.tokens, spec.num_emitted]
+            tensors = [spec.tokens]
+            if spec.num_emitted is not None:
+                tensors.append(spec.num_emitted)
         elif result is not None:
             tensors = [result.sampled]
         if result is not None and result.logprobs is not None:
             assert result.logprob_token_ids is not None and result.sampled_ranks is not None
             tensors += [result.logprob_token_ids, result.logprobs, result.sampled_ranks]
         self._spec = spec is not None
+        self._greedy_drafts = spec.greedy_drafts if spec is not None else None
         if spec is not None or result is not None:
             self._host = [_to_host(t) for t in tensors]
             if tensors[0].is_cuda:
@@ -82,7 +104,10 @@ class PendingStep:
             return self.output
         if self._event is not None:
             self._event.synchronize()
-        if self._spec:
+        if self._greedy_drafts is not None:
+            emitted = accept_greedy(self._host[0].tolist(), self._greedy_drafts)
+            extra = []
+        elif self._spec:
             rows, counts = self._host[0].tolist(), self._host[1].tolist()
             emitted = [r[:c] for r, c in zip(rows, counts, strict=True)]
             extra = self._host[2:]

@@ -108,3 +108,35 @@ def test_seeded_rows_repeat_and_differ_by_seed():
     assert torch.equal(run([1, 2, 3, 4]), run([1, 2, 3, 4]))
     outs = {tuple(run([s] * 4)[0].tolist()) for s in range(20)}
     assert len(outs) > 1
+
+
+def test_greedy_acceptance_on_the_host_matches_the_rejection_sampler():
+    """The all-greedy fast path (argmax rows to the host) emits what rejection sampling with
+    greedy rows emits, for random drafts and logits."""
+    from inferengine.worker.pending_step import accept_greedy
+
+    g = torch.Generator().manual_seed(4)
+    for _ in range(20):
+        counts = torch.randint(0, 5, (6,), generator=g).tolist()
+        k, vocab = max(counts), 5
+        logits = torch.randn(sum(c + 1 for c in counts), vocab, generator=g)
+        argmax = logits.argmax(-1).tolist()
+        drafts, start = [], 0
+        for c in counts:  # drafts that often follow the argmax, sometimes not
+            row = [argmax[start + j] if torch.rand(1, generator=g) < 0.7 else 0 for j in range(c)]
+            drafts.append(row)
+            start += c + 1
+        padded = torch.zeros(len(counts), k + 1, vocab)
+        start = 0
+        for i, c in enumerate(counts):
+            padded[i, : c + 1] = logits[start : start + c + 1].softmax(-1)
+            start += c + 1
+        ids = torch.tensor([row + [0] * (k - len(row)) for row in drafts]).reshape(len(counts), k)
+        out = rejection_sample(
+            ids, torch.tensor(counts), padded, None, torch.ones(len(counts), dtype=torch.bool)
+        )
+        expected = [
+            row[: n + 1]
+            for row, n in zip(out.token_ids.tolist(), out.num_accepted.tolist(), strict=True)
+        ]
+        assert accept_greedy(argmax, drafts) == expected
