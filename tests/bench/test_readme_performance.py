@@ -27,6 +27,10 @@ def test_readme_matches_the_result_folders():
     assert script.replace_section(readme, script.render()) == readme, (
         "README.md's performance section is stale: run python benchmarks/readme_performance.py"
     )
+    spec = script.replace_section(readme, script.render_spec(), script.SPEC_BEGIN, script.SPEC_END)
+    assert spec == readme, "README.md's speculative-decoding table is stale: run the same script"
+    # Speculation folders stay out of the InferEngine-versus-vLLM table.
+    assert "-spec-" not in script.render()
 
 
 def summary(revision: str, repeat: int, thr: dict[str, float]) -> dict:
@@ -70,7 +74,7 @@ def test_every_run_of_the_newest_revision_is_listed(tmp_path):
     assert "**100** (100 · 130 · 90)" in text and "**50** (50 · 40 · 60)" in text
     assert "| 2.00 |" in text  # the ratio of the medians
     assert "999" not in text  # the old revision's (better) run is not quoted
-    assert "3 rounds at new" in text and "20260101T000000Z" not in text
+    assert "3 round(s) at new" in text and "20260101T000000Z" not in text
     assert "InferEngine 50%" in text and "ready after launch" in text
     assert "NVIDIA H100 80GB HBM3" in text
     shutil.rmtree(results / "20260102T020000Z-paired-r2")
