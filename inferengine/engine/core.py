@@ -27,6 +27,12 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 POLICY_LOG_INTERVAL_S = 10.0  # how often a speculating engine logs its draft policy
+# While not speculating, every PROBE_EVERY steps the token proposer is asked about up to
+# PROBE_REQUESTS running requests, so that a batch with nothing to draft (random prompts) does
+# not even try speculating, and one that starts quoting its input does.
+PROBE_EVERY = 16
+PROBE_REQUESTS = 8
+MIN_DRAFT_SHARE = 0.02  # below this share of requests with drafts, speculating cannot pay
 
 
 class EngineCore:
@@ -51,6 +57,8 @@ class EngineCore:
             DraftLengthPolicy(self.spec.num_speculative_tokens) if self.spec is not None else None
         )
         self._speculate_next = self.spec is not None
+        self._draft_share = 1.0  # running share of requests the proposer drafted for
+        self._probe_step = 0
         self._last_completion = self._last_policy_log = time.perf_counter()
         interval = envs.step_stats_interval_s()
         self.step_timer = StepTimer(interval) if interval > 0 else None
@@ -220,7 +228,11 @@ class EngineCore:
             seconds,
         )
         num_decoding = len(self.scheduler.running)
-        self._speculate_next = policy.speculate_now(num_decoding)
+        if not speculated and self.proposer is not None:
+            self._probe_proposer()
+        self._speculate_next = policy.speculate_now(num_decoding) and (
+            self._draft_share >= MIN_DRAFT_SHARE
+        )
         if now - self._last_policy_log >= POLICY_LOG_INTERVAL_S:
             self._last_policy_log = now
             stats = self.scheduler.spec_stats
@@ -233,6 +245,28 @@ class EngineCore:
             )
         if self._speculate_next:
             self._propose_drafts()
+
+    def _count_drafts(self, looked: int, drafted: int) -> None:
+        """Fold `drafted` of `looked` requests into the running share that got drafts."""
+        if looked:
+            weight = min(1.0, looked / 16)
+            self._draft_share += weight * (drafted / looked - self._draft_share)
+
+    def _probe_proposer(self) -> None:
+        """Ask the token proposer about a few running requests (their last token may still be
+        on its way: a probe, not drafts to verify)."""
+        assert self.proposer is not None and self.spec is not None
+        self._probe_step += 1
+        if self._probe_step % PROBE_EVERY:
+            return
+        running = self.scheduler.running
+        start = (self._probe_step // PROBE_EVERY) * PROBE_REQUESTS
+        picked = [
+            running[(start + i) % len(running)] for i in range(min(PROBE_REQUESTS, len(running)))
+        ]
+        k = self.spec.num_speculative_tokens
+        drafted = sum(1 for r in picked if self.proposer.propose(r.all_token_ids, k, r.request_id))
+        self._count_drafts(len(picked), drafted)
 
     def _propose_drafts(self) -> None:
         """Draft tokens for each running request that decodes next and may speculate.
@@ -248,6 +282,7 @@ class EngineCore:
         max_len = self.config.scheduler_config.max_model_len
         wanted: dict[str, tuple[int, list[int]]] = {}
         kv = self.scheduler.kv_cache_manager
+        looked = drafted = 0
         for request in self.scheduler.running:
             p = request.sampling_params
             if (
@@ -272,10 +307,13 @@ class EngineCore:
                 request.spec_token_ids = self.proposer.propose(
                     request.all_token_ids, cap, request.request_id
                 )
+                looked += 1
+                drafted += bool(request.spec_token_ids)
                 continue
             new_blocks = kv.allocate_slots(request, 1 + cap)
             if new_blocks is not None:  # no free page: no drafts, never a preemption
                 wanted[request.request_id] = (cap, [b.block_id for b in new_blocks])
+        self._count_drafts(looked, drafted)
         if wanted:
             for req_id, drafts in self.executor.propose_drafts(wanted).items():
                 self.scheduler.requests[req_id].spec_token_ids = drafts

@@ -158,18 +158,23 @@ def test_cli_flag_builds_the_config(tiny_checkpoint):
 
 
 def test_a_batch_the_policy_turns_off_runs_as_plain_async_decoding(tiny_checkpoint, monkeypatch):
-    """k = 0 for the whole batch: no proposer call, no draft, and steps go back to async
-    scheduling (the next step is launched before the last one is collected)."""
+    """k = 0 for the whole batch: no draft, the proposer only probed now and then (a few
+    requests every PROBE_EVERY steps), and steps go back to async scheduling (the next step is
+    launched before the last one is collected)."""
+    from inferengine.engine.core import PROBE_EVERY, PROBE_REQUESTS
     from inferengine.spec_decode.draft_policy import DraftLengthPolicy
     from inferengine.spec_decode.ngram import NgramProposer
 
     path = str(tiny_checkpoint("llama3-tied"))
     monkeypatch.setattr(DraftLengthPolicy, "speculate_now", lambda self, n: False)
+    calls = []
+    propose = NgramProposer.propose
 
-    def no_call(*args, **kwargs):
-        raise AssertionError("the proposer ran for a batch that does not speculate")
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return propose(self, *args, **kwargs)
 
-    monkeypatch.setattr(NgramProposer, "propose", no_call)
+    monkeypatch.setattr(NgramProposer, "propose", counting)
     prompts, params = _requests()
     plain = LLM(path, max_model_len=256).generate(prompts, params, use_tqdm=False)
     llm = LLM(path, max_model_len=256, speculative_config=SPEC)
@@ -187,3 +192,28 @@ def test_a_batch_the_policy_turns_off_runs_as_plain_async_decoding(tiny_checkpoi
     assert [o.outputs[0].token_ids for o in spec] == [o.outputs[0].token_ids for o in plain]
     assert core.scheduler.spec_stats.num_drafts == 0
     assert sum(overlapped) > len(overlapped) // 2
+    assert 0 < len(calls) <= (len(overlapped) // PROBE_EVERY + 1) * PROBE_REQUESTS
+
+
+def test_a_batch_with_nothing_to_draft_stops_speculating_at_once(tiny_checkpoint):
+    """Random prompts sampled at temperature 1 give the lookup nothing: after the first step
+    finds no draft for anyone, steps run as plain async decoding (no proposer call but the
+    occasional probe)."""
+    path = str(tiny_checkpoint("llama3-tied"))
+    spec = {**SPEC, "prompt_lookup_min": 3}
+    llm = LLM(path, max_model_len=256, speculative_config=spec)
+    core = llm.llm_engine.core
+    speculated = []
+    plan = core._plan_speculation
+
+    def watching(flag, so, ro):
+        speculated.append(flag)
+        return plan(flag, so, ro)
+
+    core._plan_speculation = watching
+    g = torch.Generator().manual_seed(9)
+    prompts = [{"prompt_token_ids": torch.randint(2, 320, (30,), generator=g).tolist()}
+               for _ in range(16)]  # fmt: skip
+    llm.generate(prompts, SamplingParams(temperature=1.0, max_tokens=60), use_tqdm=False)
+    assert core.scheduler.spec_stats.num_drafts == 0
+    assert len(speculated) > 50 and sum(speculated) <= 3
