@@ -18,18 +18,7 @@
 set -u
 [ $# -gt 0 ] || { echo "usage: gpu_paired.sh ROUND:short|ROUND:long ..." >&2; exit 2; }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-if [ ! -d /tmp/vllm-site/vllm ]; then
-  mkdir -p /tmp/vllm-site
-  cat /tmp/vllm-parts/part.00 .peer2/part.0* | xz -dc | tar x -C /tmp/vllm-site || exit 1
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/vllm-site .peer2/w/*.whl || exit 1
-fi
-if [ ! -d /tmp/site/fastapi ]; then
-  w=.peer2/w
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    $w/annotated_types-* $w/fastapi-* $w/msgspec-* $w/pydantic-2* $w/pydantic_core-* $w/pyzmq-* $w/sniffio-* \
-    $w/starlette-* $w/typing_inspection-* $w/uvicorn-* || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD
+. benchmarks/gpu_peer_site.sh
 S=$(date -u +%Y%m%dT%H%M%SZ)
 ie() { python3 -m inferengine.entrypoints.cli.main "$@"; }
 sys_ie="inferengine=preset:inferengine --load-format dummy --gpu-memory-utilization 0.82 --disable-log-requests"

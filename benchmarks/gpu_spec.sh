@@ -28,18 +28,7 @@ print(resolve_model('$gguf').path)" > /tmp/smollm2/hf-path || exit 1
   ls -l "$(cat /tmp/smollm2/hf-path)"
   exit 0
 fi
-if [ ! -d /tmp/vllm-site/vllm ]; then
-  mkdir -p /tmp/vllm-site
-  cat /tmp/vllm-parts/part.00 .peer2/part.0* | xz -dc | tar x -C /tmp/vllm-site || exit 1
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/vllm-site .peer2/w/*.whl || exit 1
-fi
-if [ ! -d /tmp/site/fastapi ]; then
-  w=.peer2/w
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    $w/annotated_types-* $w/fastapi-* $w/msgspec-* $w/pydantic-2* $w/pydantic_core-* $w/pyzmq-* $w/sniffio-* \
-    $w/starlette-* $w/typing_inspection-* $w/uvicorn-* || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD
+. benchmarks/gpu_peer_site.sh
 S=$(date -u +%Y%m%dT%H%M%SZ)
 ie() { python3 -m inferengine.entrypoints.cli.main "$@"; }
 run_set() {  # name, paired args...
