@@ -73,162 +73,20 @@ from __future__ import annotations
 
 from typing import Any
 
-_TINY = 1e-30  # below this, a faded weight is zero (no denormal arithmetic in the step loop)
-_MIN_FIT_WEIGHT = 4.0  # recent steps needed before a fitted slope counts
-_MIN_FIT_SPREAD = 0.35  # token counts must spread (std over mean) for a slope to mean anything
+from inferengine.spec_decode.draft_stats import (
+    TINY,
+    Bucket,
+    LinearFit,
+    RequestRate,
+    bucket_bounds,
+    bucket_label,
+    bucket_of,
+)
+
 _MIN_TRIGGER_WEIGHT = 2.0  # the current mode's goodput must rest on this much recent weight
 
 
-def bucket_of(num_decoding: int) -> int:
-    """The power-of-two bucket of a batch size: 1 -> 0, 2 -> 1, 3-4 -> 2, 5-8 -> 3, ..."""
-    return max(num_decoding - 1, 0).bit_length()
-
-
-def bucket_bounds(bucket: int) -> tuple[int, int]:
-    """The smallest and largest batch size of a bucket."""
-    return (1, 1) if bucket == 0 else ((1 << (bucket - 1)) + 1, 1 << bucket)
-
-
-def bucket_label(bucket: int) -> str:
-    lo, hi = bucket_bounds(bucket)
-    return str(hi) if lo == hi else f"{lo}-{hi}"
-
-
-class _Goodput:
-    """Exponentially weighted sums over one mode's measured steps in one bucket."""
-
-    __slots__ = (
-        "emitted",
-        "emitted_per_request",
-        "last_rate",
-        "last_step_seconds",
-        "num_decoding",
-        "samples",
-        "seconds",
-        "tokens",
-        "weight",
-    )
-
-    def __init__(self) -> None:
-        self.weight = self.emitted_per_request = self.seconds = 0.0
-        self.num_decoding = self.tokens = self.emitted = 0.0
-        self.samples = 0  # measured steps, ever
-        self.last_rate: float | None = None  # the rate right after the last measured step
-        self.last_step_seconds: float | None = None  # and the mean seconds per step
-
-    def fade(self, factor: float) -> None:
-        if self.weight < _TINY:
-            self.weight = self.emitted_per_request = self.seconds = 0.0
-            self.num_decoding = self.tokens = self.emitted = 0.0
-            return
-        self.weight *= factor
-        self.emitted_per_request *= factor
-        self.seconds *= factor
-        self.num_decoding *= factor
-        self.tokens *= factor
-        self.emitted *= factor
-
-    def add(self, num_decoding: int, num_tokens: int, num_emitted: int, seconds: float) -> None:
-        self.weight += 1.0
-        self.emitted_per_request += num_emitted / num_decoding
-        self.seconds += seconds
-        self.num_decoding += num_decoding
-        self.tokens += num_tokens
-        self.emitted += num_emitted
-        self.samples += 1
-        self.last_rate = self.rate
-        self.last_step_seconds = self.seconds / self.weight
-
-    @property
-    def rate(self) -> float | None:
-        """Emitted tokens per decoding request per second; None when unmeasured."""
-        return self.emitted_per_request / self.seconds if self.weight > 0 else None
-
-    @property
-    def tokens_per_second(self) -> float | None:
-        """The rate at this mode's mean batch size."""
-        rate = self.rate
-        return None if rate is None else rate * self.num_decoding / self.weight
-
-    def emits_drafts(self, margin: float) -> bool:
-        """Whether these steps emitted more than one token per request by `margin` (some
-        drafts were accepted)."""
-        return self.weight > 0 and self.emitted_per_request / self.weight > 1.0 + margin
-
-    @property
-    def emitted_per_token(self) -> float:
-        return self.emitted / self.tokens if self.tokens > 0 else 1.0
-
-
-class _LinearFit:
-    """Step seconds ≈ a + b * scheduled tokens, least squares weighted to recent steps."""
-
-    __slots__ = ("decay", "last", "w", "x", "xx", "xy", "y")
-
-    def __init__(self, decay: float) -> None:
-        self.decay = decay
-        self.w = self.x = self.y = self.xx = self.xy = 0.0
-        self.last: tuple[float, float] | None = None  # the last determined (a, b)
-
-    def add(self, x: float, y: float) -> None:
-        d = self.decay
-        self.w = self.w * d + 1.0
-        self.x = self.x * d + x
-        self.y = self.y * d + y
-        self.xx = self.xx * d + x * x
-        self.xy = self.xy * d + x * y
-        line = self._solve()
-        if line is not None:
-            self.last = line
-
-    def _solve(self) -> tuple[float, float] | None:
-        if self.w < _MIN_FIT_WEIGHT:
-            return None
-        mx, my = self.x / self.w, self.y / self.w
-        var = self.xx / self.w - mx * mx
-        if mx <= 0 or var <= (_MIN_FIT_SPREAD * mx) ** 2:
-            return None
-        b = (self.xy / self.w - mx * my) / var
-        b = min(max(b, 0.0), my / mx)  # a >= 0 and b >= 0
-        return my - b * mx, b
-
-
-class _Bucket:
-    """What one bucket of batch sizes measured and decided."""
-
-    __slots__ = (
-        "best",
-        "explore_age",
-        "explore_count",
-        "exploring",
-        "fit",
-        "modes",
-        "seconds_since_explore",
-        "since_explore",
-        "steps",
-        "switches",
-    )
-
-    def __init__(self, fit_decay: float) -> None:
-        self.modes = (_Goodput(), _Goodput())  # indexed by speculated: plain, spec
-        self.fit = _LinearFit(fit_decay)
-        self.best: bool | None = None  # None: undecided, exploring both modes
-        self.exploring: bool | None = None  # the losing mode while re-measuring it
-        self.explore_count = 0  # measured steps of `exploring` so far
-        self.explore_age = 0  # steps since the exploration began
-        self.since_explore = 0  # steps since the last exploration ended
-        self.seconds_since_explore = 0.0  # and their wall seconds
-        self.steps = [0, 0]  # recorded steps per mode (warm-up included)
-        self.switches = 0
-
-
-class _RequestRate:
-    __slots__ = ("alpha", "backoff", "last_record")
-
-    def __init__(self, alpha: float, backoff: int, step: int) -> None:
-        self.alpha = alpha
-        self.backoff = backoff
-        self.last_record = step
+__all__ = ["DraftLengthPolicy", "bucket_bounds", "bucket_label", "bucket_of"]
 
 
 class DraftLengthPolicy:
@@ -298,15 +156,15 @@ class DraftLengthPolicy:
         # An exploration gives up after this many steps (the engine could not run the mode).
         self._explore_step_cap = 4 * (explore_steps + warmup_steps)
 
-        self._buckets: list[_Bucket | None] = []
+        self._buckets: list[Bucket | None] = []
         self._bucket: int | None = None  # the bucket of the latest call (sticky, see _bucket_of)
-        self._fit = _LinearFit(fit_decay)  # over all buckets: the fallback
+        self._fit = LinearFit(fit_decay)  # over all buckets: the fallback
         self._step = 0  # steps recorded, either mode: the clock of the per-request rules
         self._last_mode: bool | None = None
         self._steps_in_mode = 0
         self._accepted = 0.0  # global acceptance counts, fading per step
         self._trials = 0.0
-        self._requests: dict[str, _RequestRate] = {}
+        self._requests: dict[str, RequestRate] = {}
         self._line: tuple[float, float, float] | None = None  # (a, b, rho) for this step
 
     # ---- the batch --------------------------------------------------------------------
@@ -339,7 +197,7 @@ class DraftLengthPolicy:
         self._line = None
         self._accepted *= self.global_decay
         self._trials *= self.global_decay
-        if self._trials < _TINY:
+        if self._trials < TINY:
             self._accepted = self._trials = 0.0
         mode = bool(speculated)
         if mode != self._last_mode:
@@ -360,7 +218,7 @@ class DraftLengthPolicy:
                 self._fit.add(num_tokens, seconds)
         self._advance(bucket, mode, measured, seconds)
 
-    def _advance(self, bucket: _Bucket, mode: bool, measured: bool, seconds: float) -> None:
+    def _advance(self, bucket: Bucket, mode: bool, measured: bool, seconds: float) -> None:
         """The bucket's exploration state after one more recorded step."""
         if bucket.best is None:
             bucket.explore_age += 1
@@ -396,7 +254,7 @@ class DraftLengthPolicy:
                 bucket.exploring = not bucket.best
                 bucket.explore_count = bucket.explore_age = 0
 
-    def _exploration_pause(self, bucket: _Bucket) -> float:
+    def _exploration_pause(self, bucket: Bucket) -> float:
         """Seconds in the winning mode after which measuring the losing one again takes
         `explore_budget` of the time: one exploration lasts `explore_steps + warmup_steps`
         steps at the losing mode's last measured seconds per step."""
@@ -407,7 +265,7 @@ class DraftLengthPolicy:
         cost = (self.explore_steps + self.warmup_steps) * per_step
         return cost * (1.0 - self.explore_budget) / self.explore_budget
 
-    def _beats(self, bucket: _Bucket, candidate: bool) -> bool:
+    def _beats(self, bucket: Bucket, candidate: bool) -> bool:
         """Whether `candidate`'s goodput beats the other mode's: speculation must win by
         `switch_margin`, plain decoding by anything."""
         mine, other = bucket.modes[candidate].rate, bucket.modes[not candidate].rate
@@ -419,7 +277,7 @@ class DraftLengthPolicy:
             return True
         return mine > other * (1.0 + self.switch_margin) if candidate else mine > other
 
-    def _other_looked_better(self, bucket: _Bucket) -> bool:
+    def _other_looked_better(self, bucket: Bucket) -> bool:
         best = bucket.best
         assert best is not None
         current, other = bucket.modes[best], bucket.modes[not best].last_rate
@@ -441,12 +299,12 @@ class DraftLengthPolicy:
         self._bucket = bucket_of(num_decoding)
         return self._bucket
 
-    def _get_bucket(self, index: int) -> _Bucket:
+    def _get_bucket(self, index: int) -> Bucket:
         while len(self._buckets) <= index:
             self._buckets.append(None)
         bucket = self._buckets[index]
         if bucket is None:
-            bucket = self._buckets[index] = _Bucket(self.fit_decay)
+            bucket = self._buckets[index] = Bucket(self.fit_decay)
         return bucket
 
     # ---- per request ------------------------------------------------------------------
@@ -487,10 +345,10 @@ class DraftLengthPolicy:
         """Forget a request."""
         self._requests.pop(request_id, None)
 
-    def _request(self, request_id: str) -> _RequestRate:
+    def _request(self, request_id: str) -> RequestRate:
         request = self._requests.get(request_id)
         if request is None:
-            request = _RequestRate(self.acceptance_rate, self.probe_backoff[0], self._step)
+            request = RequestRate(self.acceptance_rate, self.probe_backoff[0], self._step)
             self._requests[request_id] = request
         elif self._step - request.last_record >= self.forget_steps:
             request.alpha = self.acceptance_rate
