@@ -25,6 +25,21 @@ class NamedWorkload:
     workload: WorkloadConfig
 
 
+def _workload(
+    dataset: DatasetConfig, *, concurrency: int, warmups: int, ignore_eos: bool
+) -> WorkloadConfig:
+    """Temperature 0, the same warm-up for every system, the README's percentiles."""
+    return WorkloadConfig(
+        dataset=dataset,
+        max_concurrency=concurrency,
+        ignore_eos=ignore_eos,
+        temperature=0.0,
+        num_warmups=warmups,
+        percentile_metrics=PERCENTILE_METRICS,
+        metric_percentiles=(99.0,),
+    )
+
+
 def _random(
     description: str,
     *,
@@ -44,16 +59,9 @@ def _random(
         random_range_ratio=range_ratio,
         random_prefix_len=prefix_len,
     )
-    workload = WorkloadConfig(
-        dataset=dataset,
-        max_concurrency=concurrency,
-        ignore_eos=True,
-        temperature=0.0,
-        num_warmups=warmups,
-        percentile_metrics=PERCENTILE_METRICS,
-        metric_percentiles=(99.0,),
+    return description, _workload(
+        dataset, concurrency=concurrency, warmups=warmups, ignore_eos=True
     )
-    return description, workload
 
 
 _DEFINITIONS: dict[str, tuple[str, WorkloadConfig]] = {
@@ -85,12 +93,11 @@ _DEFINITIONS: dict[str, tuple[str, WorkloadConfig]] = {
     ),
     "grounded": (
         "18 input-grounded chat prompts (quote, edit, summarise), out <= 256, one at a time",
-        WorkloadConfig(
-            dataset=DatasetConfig(
+        _workload(
+            DatasetConfig(
                 name="custom", path=GROUNDED_PROMPTS, num_prompts=18, custom_output_len=256
             ),
-            max_concurrency=1, temperature=0.0, num_warmups=2,
-            percentile_metrics=PERCENTILE_METRICS, metric_percentiles=(99.0,),
+            concurrency=1, warmups=2, ignore_eos=False,
         ),
     ),
 }  # fmt: skip
