@@ -110,8 +110,7 @@ class EngineArgs:
             dtype_name = "bfloat16" if device == "cuda" else "float32"
         resolved = resolve_model(self.model, self.load_format, self.revision)
         hf = resolved.hf_config
-        context_len = int(hf.get("max_position_embeddings") or 2048)
-        max_model_len = self.max_model_len or context_len
+        max_model_len = self.max_model_len or _context_len(hf)
         if max_model_len < 1:
             raise ConfigError(f"--max-model-len must be at least 1, got {max_model_len}.")
         budget = self.max_num_batched_tokens or (8192 if device == "cuda" else 2048)
@@ -205,6 +204,11 @@ def _speculative_config(value: dict | str | None) -> SpeculativeConfig | None:
     return SpeculativeConfig.from_dict(value)
 
 
+def _context_len(hf_config: dict) -> int:
+    """The positions a checkpoint reaches (2048 when its config does not say)."""
+    return int(hf_config.get("max_position_embeddings") or 2048)
+
+
 def _draft_model_config(
     spec: SpeculativeConfig, target: ModelConfig, load_format: str
 ) -> ModelConfig:
@@ -230,7 +234,7 @@ def _draft_model_config(
             f"target {target.vocab_size}: drafts must be the target's token ids. Pick a draft "
             "model with the target's tokenizer (e.g. a smaller model of the same family)."
         )
-    context = int(resolved.hf_config.get("max_position_embeddings") or 2048)
+    context = _context_len(resolved.hf_config)
     if context < target.max_model_len:
         raise ConfigError(
             f"the draft model {spec.model!r} reaches {context} positions, fewer than "

@@ -33,6 +33,7 @@ POLICY_LOG_INTERVAL_S = 10.0  # how often a speculating engine logs its draft po
 PROBE_EVERY = 16
 PROBE_REQUESTS = 8
 MIN_DRAFT_SHARE = 0.02  # below this share of requests with drafts, speculating cannot pay
+DRAFT_SHARE_WINDOW = 16  # requests looked at that replace the running share entirely
 
 
 class EngineCore:
@@ -249,7 +250,7 @@ class EngineCore:
     def _count_drafts(self, looked: int, drafted: int) -> None:
         """Fold `drafted` of `looked` requests into the running share that got drafts."""
         if looked:
-            weight = min(1.0, looked / 16)
+            weight = min(1.0, looked / DRAFT_SHARE_WINDOW)
             self._draft_share += weight * (drafted / looked - self._draft_share)
 
     def _probe_proposer(self) -> None:
