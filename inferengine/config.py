@@ -106,19 +106,37 @@ class ParallelConfig:
     pipeline_parallel_size: int = 1
 
     def __post_init__(self) -> None:
-        # Until the multi-GPU executor lands, a model runs on one device: refuse, rather than
-        # crash at the first step (CPU) or sample from a partial model (GPU).
         for flag, size in (
             ("--tensor-parallel-size", self.tensor_parallel_size),
             ("--pipeline-parallel-size", self.pipeline_parallel_size),
         ):
             if size < 1:
                 raise ConfigError(f"{flag} must be at least 1, got {size}.")
-            if size > 1:
-                raise ConfigError(
-                    f"{flag} {size} is not supported yet: InferEngine runs a model on one GPU. "
-                    f"Run with {flag} 1 (the default)."
-                )
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def check_model(self, m: ModelConfig, what: str = "the model") -> None:
+        """Refuse a split the model's shape does not allow, saying which sizes would work."""
+        tp, pp = self.tensor_parallel_size, self.pipeline_parallel_size
+        heads, kv = m.num_attention_heads, m.num_kv_heads
+        ok = [n for n in range(1, heads + 1) if heads % n == 0 and (kv % n == 0 or n % kv == 0)]
+        if tp not in ok:
+            raise ConfigError(
+                f"--tensor-parallel-size {tp} does not divide {what}'s {heads} attention heads "
+                f"and {kv} KV heads; use one of {ok}."
+            )
+        sizes = [int(m.hf_config["intermediate_size"]), int(m.hf_config["hidden_size"])]
+        if any(size % tp for size in sizes):
+            raise ConfigError(
+                f"--tensor-parallel-size {tp} does not divide {what}'s hidden size {sizes[1]} "
+                f"and MLP size {sizes[0]}."
+            )
+        if pp > m.num_layers:
+            raise ConfigError(
+                f"--pipeline-parallel-size {pp} is more than {what}'s {m.num_layers} layers."
+            )
 
 
 SPEC_METHODS = ("ngram", "suffix", "draft_model")

@@ -1,26 +1,87 @@
-"""The tensor-parallel group of this process: rank, size and the collectives layers need."""
+"""This process's place among the ranks: its tensor- and pipeline-parallel groups and the
+collectives that model layers and the model runner need.
+
+Ranks are numbered `pp_rank * tp_size + tp_rank`: the ranks of one pipeline stage form a
+tensor-parallel group, the ranks with the same `tp_rank` across stages a pipeline group. With one
+rank (no executor set anything up) every collective is a no-op.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
+
+from inferengine.logger import init_logger
+
+if TYPE_CHECKING:
+    from inferengine.distributed.custom_all_reduce import CustomAllReduce
+
+logger = init_logger(__name__)
 
 
 @dataclass
-class TensorParallelGroup:
-    rank: int = 0
+class ParallelGroup:
+    rank: int = 0  # this process's index in the group
     size: int = 1
-    group: object | None = None  # a torch.distributed ProcessGroup when size > 1
+    ranks: tuple[int, ...] = (0,)  # global ranks, in group order
+    group: object | None = None  # device collectives: NCCL on GPU, gloo on CPU
+    cpu_group: object | None = None  # gloo, for small host-side messages
+    custom: CustomAllReduce | None = None  # small-message all-reduce (GPU only)
 
 
-_tp = TensorParallelGroup()
+_tp = ParallelGroup()
+_pp = ParallelGroup()
 
 
-def init_tensor_parallel(rank: int, size: int, group: object | None = None) -> None:
-    """Called once per worker process by a multi-GPU executor before the model is built."""
-    global _tp
-    _tp = TensorParallelGroup(rank, size, group)
+def init_distributed(
+    rank: int, tp_size: int, pp_size: int, init_method: str, device: torch.device
+) -> None:
+    """Join the world of `tp_size * pp_size` ranks and build the groups (once per worker
+    process, before the model is built). Every rank creates every group, in the same order."""
+    global _tp, _pp
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    world = tp_size * pp_size
+    kwargs = {"device_id": device} if device.type == "cuda" else {}
+    dist.init_process_group(backend, init_method=init_method, world_size=world, rank=rank, **kwargs)
+    pp_rank, tp_rank = divmod(rank, tp_size)
+    for stage in range(pp_size):
+        ranks = tuple(stage * tp_size + t for t in range(tp_size))
+        group = dist.new_group(list(ranks), backend=backend)
+        cpu = dist.new_group(list(ranks), backend="gloo") if backend != "gloo" else group
+        if stage == pp_rank:
+            _tp = ParallelGroup(tp_rank, tp_size, ranks, group, cpu)
+    for t in range(tp_size):
+        ranks = tuple(s * tp_size + t for s in range(pp_size))
+        group = dist.new_group(list(ranks), backend=backend)
+        cpu = dist.new_group(list(ranks), backend="gloo") if backend != "gloo" else group
+        if t == tp_rank:
+            _pp = ParallelGroup(pp_rank, pp_size, ranks, group, cpu)
+    if device.type == "cuda" and tp_size > 1:
+        from inferengine.distributed.custom_all_reduce import CustomAllReduce
+
+        _tp.custom = CustomAllReduce.create(_tp.group, device)
+
+
+def destroy_distributed() -> None:
+    global _tp, _pp
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _tp, _pp = ParallelGroup(), ParallelGroup()
+
+
+def all_reduce_name() -> str:
+    """The all-reduce tensor-parallel layers use, for the start-up log."""
+    if _tp.size == 1:
+        return "none (one rank)"
+    if _tp.custom is not None:
+        return _tp.custom.name
+    return "NCCL" if dist.get_backend(_tp.group) == "nccl" else "gloo"
+
+
+# ---- tensor parallel -----------------------------------------------------------------------
 
 
 def get_tp_rank() -> int:
@@ -34,7 +95,9 @@ def get_tp_size() -> int:
 def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
     if _tp.size == 1:
         return x
-    torch.distributed.all_reduce(x, group=_tp.group)
+    if _tp.custom is not None and _tp.custom.should_use(x):
+        return _tp.custom.all_reduce(x)
+    dist.all_reduce(x, group=_tp.group)
     return x
 
 
@@ -42,5 +105,86 @@ def tp_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if _tp.size == 1:
         return x
     parts = [torch.empty_like(x) for _ in range(_tp.size)]
-    torch.distributed.all_gather(parts, x.contiguous(), group=_tp.group)
+    dist.all_gather(parts, x.contiguous(), group=_tp.group)
     return torch.cat(parts, dim=dim)
+
+
+def tp_min(value: int) -> int:
+    """The smallest of every tensor-parallel rank's `value` (host-side)."""
+    if _tp.size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=_tp.cpu_group)
+    return int(t.item())
+
+
+# ---- pipeline parallel ---------------------------------------------------------------------
+
+
+def get_pp_rank() -> int:
+    return _pp.rank
+
+
+def get_pp_size() -> int:
+    return _pp.size
+
+
+def is_first_stage() -> bool:
+    return _pp.rank == 0
+
+
+def is_last_stage() -> bool:
+    return _pp.rank == _pp.size - 1
+
+
+def pp_layer_range(num_layers: int, stage: int | None = None) -> tuple[int, int]:
+    """The decoder layers [start, end) that pipeline stage `stage` (default: this one) runs;
+    the first `num_layers % pp_size` stages take one layer more."""
+    size = _pp.size
+    stage = _pp.rank if stage is None else stage
+    base, extra = divmod(num_layers, size)
+    start = stage * base + min(stage, extra)
+    return start, start + base + (1 if stage < extra else 0)
+
+
+def pp_send(tensors: list[torch.Tensor]) -> None:
+    """Hand activations to the next stage's rank with the same tensor-parallel rank."""
+    peer = _pp.ranks[_pp.rank + 1]
+    for t in tensors:
+        dist.send(t.contiguous(), dst=peer)
+
+
+def pp_recv(shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.device):
+    """Activations from the previous stage, one tensor per shape."""
+    peer = _pp.ranks[_pp.rank - 1]
+    out = []
+    for shape in shapes:
+        t = torch.empty(shape, dtype=dtype, device=device)
+        dist.recv(t, src=peer)
+        out.append(t)
+    return out
+
+
+def pp_broadcast_token_lists(lists: list[list[int]] | None) -> list[list[int]]:
+    """The last stage's sampled tokens (a list per sampling row), given to every stage through
+    the host-side group: earlier stages keep the same request state as the last one."""
+    src = _pp.ranks[-1]
+    if is_last_stage():
+        assert lists is not None
+        flat = [len(lists), *(len(x) for x in lists), *(t for x in lists for t in x)]
+        size = torch.tensor([len(flat)], dtype=torch.int64)
+        dist.broadcast(size, src=src, group=_pp.cpu_group)
+        dist.broadcast(torch.tensor(flat, dtype=torch.int64), src=src, group=_pp.cpu_group)
+        return lists
+    size = torch.empty(1, dtype=torch.int64)
+    dist.broadcast(size, src=src, group=_pp.cpu_group)
+    data = torch.empty(int(size.item()), dtype=torch.int64)
+    dist.broadcast(data, src=src, group=_pp.cpu_group)
+    flat = data.tolist()
+    n = flat[0]
+    counts, tokens = flat[1 : 1 + n], flat[1 + n :]
+    out, pos = [], 0
+    for c in counts:
+        out.append(tokens[pos : pos + c])
+        pos += c
+    return out

@@ -55,8 +55,10 @@ _HELP = {
     "enforce_eager": "no CUDA graphs",
     "long_prefill_token_threshold": "cap on one request's prefill chunk per step (0: none)",
     "scheduling_policy": "fcfs, or priority (lower `priority` value first)",
-    "tensor_parallel_size": "GPUs to split the model over (not supported yet: only 1)",
-    "pipeline_parallel_size": "pipeline stages (not supported yet: only 1)",
+    "tensor_parallel_size": "ranks (GPUs, or CPU processes) that split each layer; one "
+    "process each (NCCL on GPU, gloo on CPU)",
+    "pipeline_parallel_size": "pipeline stages, each running a share of the layers on its own "
+    "ranks (combines with --tensor-parallel-size)",
     "num_gpu_blocks_override": "KV pages to allocate instead of the measured number (testing)",
     "max_waiting_requests": "serve only: requests that may wait beyond --max-num-seqs before "
     "new ones get 503 (default: unbounded)",
@@ -131,6 +133,7 @@ class EngineArgs:
             speculative.draft_model_config = _draft_model_config(
                 speculative, model_config, self.load_format
             )
+        _check_parallel(parallel_config, model_config, speculative, device)
         return EngineConfig(
             model_config=model_config,
             cache_config=CacheConfig(
@@ -314,3 +317,30 @@ def _parse_bytes(text: str) -> int:
 
 
 _PARSERS = {"kv_cache_memory": _parse_bytes, "speculative_config": _json_object}
+
+
+def _check_parallel(
+    parallel: ParallelConfig,
+    model: ModelConfig,
+    speculative: SpeculativeConfig | None,
+    device: str,
+) -> None:
+    """Refuse, at start-up, a split the model or the machine cannot take."""
+    parallel.check_model(model)
+    draft = speculative.draft_model_config if speculative is not None else None
+    if draft is not None:
+        if parallel.pipeline_parallel_size > 1:
+            raise ConfigError(
+                "a draft model cannot run with --pipeline-parallel-size > 1 yet; use "
+                "--tensor-parallel-size alone, or the ngram or suffix method."
+            )
+        parallel.check_model(draft, "the draft model")
+    if device == "cuda":
+        import torch
+
+        have = torch.cuda.device_count()
+        if parallel.world_size > have:
+            raise ConfigError(
+                f"--tensor-parallel-size × --pipeline-parallel-size is {parallel.world_size}, "
+                f"but this machine has {have} GPU(s); lower them to fit."
+            )

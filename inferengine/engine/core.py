@@ -16,13 +16,13 @@ from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from inferengine.core.scheduler import Scheduler
 from inferengine.engine.step_timer import StepTimer
 from inferengine.errors import ConfigError
-from inferengine.executor.uniproc import UniprocExecutor
+from inferengine.executor.base import make_executor
 from inferengine.logger import init_logger
 from inferengine.spec_decode import make_token_proposer
 from inferengine.spec_decode.draft_policy import DraftLengthPolicy
 
 if TYPE_CHECKING:
-    from inferengine.worker.pending_step import PendingStep
+    from inferengine.executor.base import StepHandle
 
 logger = init_logger(__name__)
 
@@ -40,18 +40,22 @@ class EngineCore:
     def __init__(self, config: EngineConfig):
         start = time.perf_counter()
         self.config = config
-        self.executor = UniprocExecutor(config)
-        num_blocks = self.executor.determine_num_blocks()
-        self._check_capacity(num_blocks)
-        config.cache_config.num_blocks = num_blocks
-        self.executor.initialize_cache(num_blocks)
+        self.executor = make_executor(config)
+        try:
+            num_blocks = self.executor.determine_num_blocks()
+            self._check_capacity(num_blocks)
+            config.cache_config.num_blocks = num_blocks
+            self.executor.initialize_cache(num_blocks)
+        except BaseException:
+            self.executor.shutdown()
+            raise
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config)
         self.scheduler.keep_finished = config.speculative_config is not None
         self._pending_errors: dict[str, str] = {}
         self._pending_outputs: list[EngineCoreOutput] = []
         self.async_scheduling = config.scheduler_config.async_scheduling
         # The launched step not yet collected, and whether it speculated.
-        self._inflight: tuple[SchedulerOutput, PendingStep, bool] | None = None
+        self._inflight: tuple[SchedulerOutput, StepHandle, bool] | None = None
         self.spec = config.speculative_config
         self.proposer = make_token_proposer(self.spec)
         self.draft_policy = (
@@ -321,6 +325,10 @@ class EngineCore:
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.kv_cache_manager.reset_prefix_cache()
+
+    def check_health(self) -> None:
+        """Raise `EngineDeadError` if a worker process is gone (polled while idle)."""
+        self.executor.check_health()
 
     def shutdown(self) -> None:
         self.executor.shutdown()

@@ -50,7 +50,9 @@ class AsyncMPClient:
             target=run_engine_core,
             args=(config, self.input_addr, self.output_addr),
             name="InferEngineCore",
-            daemon=True,
+            # A daemon process may not start children: with several ranks the core starts
+            # one worker process each (it exits with the API process: it watches its parent).
+            daemon=config.parallel_config.world_size == 1,
         )
         self.proc.start()
         self.ctx: zmq.asyncio.Context | None = None

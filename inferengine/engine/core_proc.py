@@ -116,6 +116,7 @@ class EngineCoreProc:
                 if os.getppid() != self.parent_pid:
                     logger.warning("the API process is gone; the engine core exits")
                     return
+                core.check_health()
             if core.has_unfinished_requests():
                 outputs: EngineCoreOutputs = core.step()
                 if outputs.outputs or outputs.errors:

@@ -24,6 +24,9 @@ class UniprocExecutor:
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> PendingStep:
         return self.worker.runner.execute_model_async(scheduler_output)
 
+    def check_health(self) -> None:
+        pass
+
     def propose_drafts(self, wanted: dict[str, tuple[int, list[int]]]) -> dict[str, list[int]]:
         """Draft tokens from the worker's draft model: request -> (k, lookahead page ids)."""
         return self.worker.runner.propose_drafts(wanted)

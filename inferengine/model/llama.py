@@ -17,7 +17,12 @@ from torch import nn
 from inferengine.attention.backends.base import AttentionBackend
 from inferengine.attention.layer import Attention
 from inferengine.attention.metadata import AttentionMetadata
-from inferengine.distributed.parallel_state import get_tp_size
+from inferengine.distributed.parallel_state import (
+    get_tp_size,
+    is_first_stage,
+    is_last_stage,
+    pp_layer_range,
+)
 from inferengine.model.layers.activation import SiluAndMul
 from inferengine.model.layers.linear import (
     MergedColumnParallelLinear,
@@ -164,14 +169,27 @@ class DecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
+class MissingLayer(nn.Module):
+    """A place holder for a layer another pipeline stage runs (keeps layer indices aligned)."""
+
+
 class DecoderModel(nn.Module):
+    """With pipeline parallelism a stage builds only its layers; the first stage embeds, the
+    last one normalises, and the others take and return `(hidden, residual)`."""
+
     def __init__(self, spec: DecoderSpec, hf_config: dict[str, Any], backend: AttentionBackend):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(
-            DecoderLayer(spec, hf_config, backend) for _ in range(spec.num_layers)
+        self.start_layer, self.end_layer = pp_layer_range(spec.num_layers)
+        self.embed_tokens = (
+            VocabParallelEmbedding(spec.vocab_size, spec.hidden_size) if is_first_stage() else None
         )
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            DecoderLayer(spec, hf_config, backend)
+            if self.start_layer <= i < self.end_layer
+            else MissingLayer()
+            for i in range(spec.num_layers)
+        )
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps) if is_last_stage() else None
 
     def forward(
         self,
@@ -179,11 +197,18 @@ class DecoderModel(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
         metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        intermediate: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if self.embed_tokens is not None:
+            hidden, residual = self.embed_tokens(input_ids), None
+        else:
+            assert intermediate is not None, "a later pipeline stage needs the previous' output"
+            hidden, residual = intermediate
+        local = self.layers[self.start_layer : self.end_layer]
+        for layer, kv_cache in zip(local, kv_caches, strict=True):
             hidden, residual = layer(positions, hidden, residual, kv_cache, metadata)
+        if self.norm is None:
+            return hidden, residual
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -209,9 +234,12 @@ class LlamaForCausalLM(nn.Module):
             init.hf_config, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm
         )
         self.model = DecoderModel(self.spec, init.hf_config, init.attn_backend)
-        self.lm_head = ParallelLMHead(self.spec.vocab_size, self.spec.hidden_size)
-        if self.spec.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.lm_head = (
+            ParallelLMHead(self.spec.vocab_size, self.spec.hidden_size) if is_last_stage() else None
+        )
+        embed = self.model.embed_tokens
+        if self.spec.tie_word_embeddings and self.lm_head is not None and embed is not None:
+            self.lm_head.weight = embed.weight
 
     def forward(
         self,
@@ -219,17 +247,41 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
         metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, metadata)
+        intermediate: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return self.model(input_ids, positions, kv_caches, metadata, intermediate)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        assert self.lm_head is not None, "only the last pipeline stage computes logits"
         return self.lm_head.compute_logits(hidden)
+
+    def wants_weight(self, name: str) -> bool:
+        """Whether checkpoint tensor `name` belongs to this pipeline stage."""
+        if name.startswith("model.layers."):
+            index = int(name.split(".")[2])
+            return self.model.start_layer <= index < self.model.end_layer
+        if name.startswith("model.embed_tokens."):
+            # A tied LM head on a later stage loads from the embedding.
+            tied_head = self.spec.tie_word_embeddings and self.lm_head is not None
+            return self.model.embed_tokens is not None or tied_head
+        if name.startswith("model.norm."):
+            return self.model.norm is not None
+        if name.startswith("lm_head."):
+            return self.lm_head is not None
+        return True
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         skip = ("rotary_emb.inv_freq",)
         if self.spec.tie_word_embeddings:
             skip += ("lm_head.weight",)
-        load_named_weights(self, weights, self.stacked_params, skip)
+        if self.spec.tie_word_embeddings and self.model.embed_tokens is None:
+            weights = (
+                ("lm_head.weight" if n == "model.embed_tokens.weight" else n, t) for n, t in weights
+            )
+            skip = ("rotary_emb.inv_freq",)
+        load_named_weights(
+            self, (w for w in weights if self.wants_weight(w[0])), self.stacked_params, skip
+        )
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,14 +36,19 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def iterate_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iterate_safetensors(
+    model_dir: Path, wanted: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, Any]]:
+    """Each checkpoint tensor as a safetensors slice that is read when indexed, so a
+    tensor-parallel rank reads only its shard; tensors `wanted` refuses are not read at all."""
     from safetensors import SafetensorError, safe_open
 
     for path in safetensors_files(model_dir):
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    yield name, f.get_tensor(name)
+                    if wanted is None or wanted(name):
+                        yield name, f.get_slice(name)
         except (SafetensorError, OSError, RuntimeError) as e:
             raise ModelLoadError(
                 f"cannot read {path}: it is truncated or corrupt ({e}). Download it again."
@@ -51,7 +57,7 @@ def iterate_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 def load_named_weights(
     model: nn.Module,
-    weights: Iterable[tuple[str, torch.Tensor]],
+    weights: Iterable[tuple[str, Any]],
     stacked_params: Iterable[tuple[str, str, int | str]],
     skip_suffixes: tuple[str, ...] = (),
 ) -> None:
@@ -91,9 +97,9 @@ def load_named_weights(
         )
 
 
-def _load(param: nn.Parameter, tensor: torch.Tensor, name: str, shard_id: int | str | None) -> None:
+def _load(param: nn.Parameter, tensor: Any, name: str, shard_id: int | str | None) -> None:
+    """`tensor`: a torch tensor or a safetensors slice; `copy_` converts the dtype."""
     loader = getattr(param, "weight_loader", None)
-    tensor = tensor.to(param.dtype)
     try:
         if loader is None:
             default_weight_loader(param, tensor)

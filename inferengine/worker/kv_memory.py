@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from inferengine.config import EngineConfig, ModelConfig
+from inferengine.distributed.parallel_state import pp_layer_range
 from inferengine.logger import init_logger
 
 logger = init_logger(__name__)
@@ -20,6 +21,12 @@ def _kv_heads(m: ModelConfig, config: EngineConfig) -> int:
     return max(1, m.num_kv_heads // config.parallel_config.tensor_parallel_size)
 
 
+def _num_layers(m: ModelConfig) -> int:
+    """Layers of `m` on this pipeline stage."""
+    start, end = pp_layer_range(m.num_layers)
+    return end - start
+
+
 def _models(config: EngineConfig) -> list[ModelConfig]:
     """The target, and a draft model when one speculates: its pages share the target's ids."""
     spec = config.speculative_config
@@ -28,10 +35,10 @@ def _models(config: EngineConfig) -> list[ModelConfig]:
 
 
 def kv_block_bytes(config: EngineConfig, dtype: torch.dtype) -> int:
-    """Bytes of one page across all layers (K and V) on one tensor-parallel rank, the draft
-    model's layers included."""
+    """Bytes of one page across this rank's layers (K and V, its share of the KV heads), the
+    draft model's layers included."""
     per_token = sum(
-        2 * m.num_layers * _kv_heads(m, config) * m.head_dim * dtype.itemsize
+        2 * _num_layers(m) * _kv_heads(m, config) * m.head_dim * dtype.itemsize
         for m in _models(config)
     )
     return per_token * config.cache_config.block_size
@@ -48,7 +55,7 @@ def allocate_kv_caches(
     `model_config` (default: the target)."""
     m = model_config or config.model_config
     shape = (2, num_blocks, config.cache_config.block_size, _kv_heads(m, config), m.head_dim)
-    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(m.num_layers)]
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(_num_layers(m))]
 
 
 def num_blocks_for_cpu(config: EngineConfig, dtype: torch.dtype) -> int:

@@ -16,6 +16,14 @@ import torch
 from inferengine.attention.metadata import AttentionMetadata
 from inferengine.config import EngineConfig
 from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from inferengine.distributed.parallel_state import (
+    get_pp_size,
+    is_first_stage,
+    is_last_stage,
+    pp_broadcast_token_lists,
+    pp_recv,
+    pp_send,
+)
 from inferengine.sample.metadata import build_sampling_metadata
 from inferengine.sample.rejection_sampler import NO_TOKEN, rejection_sample
 from inferengine.sample.sampler import Sampler, SamplerOutput, gather_logprobs
@@ -73,6 +81,7 @@ class ModelRunner:
         sc = config.scheduler_config
         self.block_size = config.cache_config.block_size
         self.vocab_size = config.model_config.vocab_size
+        self.hidden_size = config.model_config.hf_config["hidden_size"]
         self.max_model_len = sc.max_model_len
         self.requests: dict[str, RequestState] = {}
         self.kv_caches: list[torch.Tensor] = []
@@ -233,18 +242,13 @@ class ModelRunner:
         output = ModelRunnerOutput(
             req_ids=inputs.req_ids, sampled_token_ids=[[] for _ in inputs.req_ids]
         )
-        n = inputs.num_tokens
-        if inputs.graph_shape is not None:
-            assert self.graphs is not None
-            hidden = self.graphs.replay(inputs.graph_shape)
-        else:
-            hidden = self.model(
-                self.buffers.input_ids[:n],
-                self.buffers.positions[:n],
-                self.kv_caches,
-                inputs.metadata,
-            )
         states = [self.requests[inputs.req_ids[row]] for row in inputs.sample_rows]
+        hidden = self._forward(inputs)
+        if hidden is None:  # an earlier pipeline stage: the last one samples
+            pending = PendingStep(output, inputs.sample_rows, states, None, self.buffers.token_ids)
+            pending.resolve_from(pp_broadcast_token_lists(None))
+            self._last, self._last_index = pending, {}
+            return pending
         result = spec = None
         if inputs.sample_rows:
             rows = self.buffers.stage_logits_indices(inputs.logits_rows)
@@ -264,7 +268,30 @@ class ModelRunner:
         pending.graph_size = inputs.graph_shape.num_tokens if inputs.graph_shape else None
         self._last = pending
         self._last_index = {s.req_id: i for i, s in enumerate(states)}
+        if get_pp_size() > 1:
+            out = pending.resolve()
+            pp_broadcast_token_lists([out.sampled_token_ids[r] for r in inputs.sample_rows])
         return pending
+
+    def _forward(self, inputs: StepInputs) -> torch.Tensor | None:
+        """Hidden states of the step's tokens, or None on a pipeline stage before the last
+        (which passes its activations on)."""
+        n = inputs.num_tokens
+        if inputs.graph_shape is not None:
+            assert self.graphs is not None
+            return self.graphs.replay(inputs.graph_shape)
+        ids, positions = self.buffers.input_ids[:n], self.buffers.positions[:n]
+        if get_pp_size() == 1:
+            return self.model(ids, positions, self.kv_caches, inputs.metadata)
+        intermediate = None
+        if not is_first_stage():
+            dtype = next(self.model.parameters()).dtype
+            intermediate = tuple(pp_recv([(n, self.hidden_size)] * 2, dtype, self.device))
+        out = self.model(ids, positions, self.kv_caches, inputs.metadata, intermediate)
+        if is_last_stage():
+            return out
+        pp_send(list(out))
+        return None
 
     def _metadata(self, states: list[RequestState], repeats: list[int] | None = None):
         """Sampling settings of `states`, each repeated `repeats[i]` times (draft positions)."""
@@ -456,7 +483,16 @@ class ModelRunner:
         )
         input_ids = torch.randint(0, self.vocab_size, (num_tokens,), device=dev)
         positions = torch.cat([torch.arange(n, device=dev) for n in lens])
-        hidden = self.model(input_ids, positions, kv, metadata)
+        if get_pp_size() > 1:
+            intermediate = None
+            if not is_first_stage():
+                h = torch.zeros(num_tokens, self.hidden_size, dtype=dtype, device=dev)
+                intermediate = (h, h.clone())
+            hidden = self.model(input_ids, positions, kv, metadata, intermediate)
+            if not is_last_stage():
+                return
+        else:
+            hidden = self.model(input_ids, positions, kv, metadata)
         rows = min(sc.max_num_seqs * (1 + self.max_drafts), num_tokens)
         logits = self.model.compute_logits(hidden[:rows])
         params = [SamplingParams(temperature=1.0, top_p=0.9, top_k=50, logprobs=5)] * rows

@@ -115,6 +115,15 @@ class PendingStep:
             emitted = [[t] for t in self._host[0].tolist()]
             extra = self._host[1:]
         logprobs = [t.tolist() for t in extra] if extra else None
+        return self._fold(emitted, logprobs)
+
+    def resolve_from(self, emitted: list[list[int]]) -> ModelRunnerOutput:
+        """An earlier pipeline stage's step: the last stage sampled `emitted` (per sampling
+        row); fold them into this stage's request state as if sampled here."""
+        self._resolved = True
+        return self._fold(emitted, None)
+
+    def _fold(self, emitted: list[list[int]], logprobs: list | None) -> ModelRunnerOutput:
         out = self.output
         width = self.token_buffer.shape[1]
         for i, (row, state) in enumerate(zip(self.sample_rows, self.states, strict=True)):

@@ -91,7 +91,9 @@ class Worker:
             )
         # Backends that read lengths on the host (torch, flex) cannot be captured; with
         # --enforce-eager, decode steps keep the padded shapes but run eagerly.
-        if self.device.type == "cuda" and self.attn_backend.cuda_graph_safe:
+        # Pipeline stages run eagerly: a stage's step waits on another process's activations.
+        staged = self.config.parallel_config.pipeline_parallel_size > 1
+        if self.device.type == "cuda" and self.attn_backend.cuda_graph_safe and not staged:
             sc = self.config.scheduler_config
             sizes = self.config.cuda_graph_sizes or default_capture_sizes(
                 sc.max_num_seqs, sc.max_num_batched_tokens

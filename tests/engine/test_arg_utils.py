@@ -10,21 +10,46 @@ from inferengine.errors import ConfigError
 
 
 @pytest.mark.parametrize("flag", ["tensor_parallel_size", "pipeline_parallel_size"])
-def test_parallel_sizes_above_one_are_refused(flag):
+def test_parallel_sizes_below_one_are_refused(flag):
     """Refused before the model is resolved: the model name here does not exist anywhere."""
     cli = "--" + flag.replace("_", "-")
-    with pytest.raises(ConfigError, match=f"{cli} 2 is not supported yet") as info:
-        EngineArgs(model="/nonexistent/model", **{flag: 2}).create_engine_config()
-    assert f"Run with {cli} 1" in info.value.message
+    with pytest.raises(ConfigError, match=f"{cli} must be at least 1, got 0"):
+        EngineArgs(model="/nonexistent/model", **{flag: 0}).create_engine_config()
 
 
-@pytest.mark.parametrize("flag", ["--tensor-parallel-size", "--pipeline-parallel-size"])
-def test_parallel_size_flags_refused_by_the_cli(flag, capsys):
-    """vLLM's flags parse (no "unrecognized argument"), then `serve` exits 1 saying why."""
-    args = build_parser().parse_args(["serve", "/nonexistent/model", flag, "4"])
-    assert getattr(args, flag[2:].replace("-", "_")) == 4
-    assert main(["serve", "/nonexistent/model", flag, "4"]) == 1
-    assert f"{flag} 4 is not supported yet" in capsys.readouterr().err
+def test_tensor_parallel_size_must_divide_the_heads(tiny_checkpoint):
+    """qwen3 has 8 attention heads and 1 KV head: 3 ranks cannot split them."""
+    path = str(tiny_checkpoint("qwen3"))
+    with pytest.raises(ConfigError, match=r"does not divide the model's 8 attention heads") as e:
+        EngineArgs(model=path, tensor_parallel_size=3).create_engine_config()
+    assert "use one of [1, 2, 4, 8]" in e.value.message
+    config = EngineArgs(model=path, tensor_parallel_size=4, pipeline_parallel_size=3)
+    assert config.create_engine_config().parallel_config.world_size == 12
+
+
+def test_more_pipeline_stages_than_layers_are_refused(tiny_checkpoint):
+    with pytest.raises(ConfigError, match="--pipeline-parallel-size 4 is more than the model's 3"):
+        EngineArgs(
+            model=str(tiny_checkpoint("qwen3")), pipeline_parallel_size=4
+        ).create_engine_config()
+
+
+def test_a_draft_model_with_pipeline_stages_is_refused(tiny_checkpoint):
+    path = str(tiny_checkpoint("llama3-tied"))
+    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": 2}
+    with pytest.raises(ConfigError, match="a draft model cannot run with --pipeline-parallel"):
+        EngineArgs(
+            model=path, pipeline_parallel_size=2, speculative_config=spec
+        ).create_engine_config()
+
+
+def test_parallel_size_flags_parse_like_vllms(tiny_checkpoint):
+    path = str(tiny_checkpoint("qwen3"))
+    args = build_parser().parse_args(
+        ["serve", path, "--tensor-parallel-size", "2", "--pipeline-parallel-size", "3"]
+    )
+    assert (args.tensor_parallel_size, args.pipeline_parallel_size) == (2, 3)
+    assert main(["serve", path, "--tensor-parallel-size", "3"]) == 1
 
 
 def test_revision_of_a_local_model_is_refused(tiny_checkpoint):

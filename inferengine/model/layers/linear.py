@@ -29,12 +29,22 @@ def _param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
 
 
-def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
-    if param.shape != loaded.shape:
+def shape_of(loaded) -> tuple[int, ...]:
+    """The shape of a checkpoint tensor: a torch tensor, or a safetensors slice not yet read
+    (indexing one reads just those rows or columns, so a rank reads only its shard)."""
+    return tuple(loaded.shape) if isinstance(loaded, torch.Tensor) else tuple(loaded.get_shape())
+
+
+def read_all(loaded) -> torch.Tensor:
+    return loaded if isinstance(loaded, torch.Tensor) else loaded[:]
+
+
+def default_weight_loader(param: nn.Parameter, loaded) -> None:
+    if tuple(param.shape) != shape_of(loaded):
         raise ValueError(
-            f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}"
+            f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {shape_of(loaded)}"
         )
-    param.data.copy_(loaded)
+    param.data.copy_(read_all(loaded))
 
 
 class ColumnParallelLinear(nn.Module):
@@ -58,23 +68,25 @@ class ColumnParallelLinear(nn.Module):
     def shard_offset(self, shard_id: int) -> int:
         return sum(self.output_sizes[:shard_id])
 
-    def weight_loader(
-        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | None = None
-    ) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: int | None = None) -> None:
         """Copy this rank's rows of one checkpoint tensor (shard `shard_id`) into place."""
         if shard_id is None:
             if len(self.output_sizes) != 1:
                 raise ValueError("a merged layer needs a shard id for each checkpoint tensor")
             shard_id = 0
         size = self.output_sizes[shard_id]
-        rank_rows = loaded.narrow(0, get_tp_rank() * size, size)
+        self._copy_rows(param, loaded, shard_id, get_tp_rank() * size)
+
+    def _copy_rows(self, param: nn.Parameter, loaded, shard_id: int, first_row: int) -> None:
+        size = self.output_sizes[shard_id]
         target = param.data.narrow(0, self.shard_offset(shard_id), size)
-        if target.shape != rank_rows.shape:
+        full = shape_of(loaded)
+        if full[1:] != tuple(target.shape[1:]) or first_row + size > full[0]:
             raise ValueError(
-                f"shape mismatch: parameter shard {tuple(target.shape)}, "
-                f"checkpoint {tuple(rank_rows.shape)}"
+                f"shape mismatch: parameter shard {tuple(target.shape)} at row {first_row}, "
+                f"checkpoint {full}"
             )
-        target.copy_(rank_rows)
+        target.copy_(loaded[first_row : first_row + size])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
@@ -103,13 +115,14 @@ class QKVParallelLinear(ColumnParallelLinear):
         )
         self.head_dim = head_dim
 
-    def weight_loader(
-        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | str | None = None
-    ) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: int | str | None = None) -> None:
         index = self.SHARD_IDS[shard_id] if isinstance(shard_id, str) else shard_id
         if index and self.kv_replicas > 1:
-            loaded = loaded.repeat_interleave(self.kv_replicas, dim=0)
-        super().weight_loader(param, loaded, index)
+            # This rank's one KV head, which `kv_replicas` neighbouring ranks share.
+            head = get_tp_rank() // self.kv_replicas
+            self._copy_rows(param, loaded, index, head * self.head_dim)
+        else:
+            super().weight_loader(param, loaded, index)
 
 
 class RowParallelLinear(nn.Module):
@@ -129,9 +142,16 @@ class RowParallelLinear(nn.Module):
         if self.bias is not None:
             self.bias.weight_loader = default_weight_loader
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        cols = loaded.narrow(1, get_tp_rank() * self.input_size, self.input_size)
-        default_weight_loader(param, cols)
+    def weight_loader(self, param: nn.Parameter, loaded) -> None:
+        full = shape_of(loaded)
+        tp = get_tp_size()
+        if len(full) != 2 or full[1] != self.input_size * tp:
+            raise ValueError(
+                f"shape mismatch: parameter {(param.shape[0], self.input_size * tp)}, "
+                f"checkpoint {full}"
+            )
+        start = get_tp_rank() * self.input_size
+        default_weight_loader(param, loaded[:, start : start + self.input_size])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = linear(x, self.weight)

@@ -12,7 +12,7 @@ from inferengine.distributed.parallel_state import (
     tp_all_gather,
     tp_all_reduce,
 )
-from inferengine.model.layers.linear import linear
+from inferengine.model.layers.linear import linear, shape_of
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -25,13 +25,14 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.shard_size, hidden_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        if loaded.shape[1] != param.shape[1] or loaded.shape[0] != self.vocab_size:
+    def weight_loader(self, param: nn.Parameter, loaded) -> None:
+        """Copy this rank's vocabulary rows (a torch tensor or an unread safetensors slice)."""
+        full = shape_of(loaded)
+        if full != (self.vocab_size, param.shape[1]):
             raise ValueError(
-                f"shape mismatch: embedding {(self.vocab_size, param.shape[1])}, "
-                f"checkpoint {tuple(loaded.shape)}"
+                f"shape mismatch: embedding {(self.vocab_size, param.shape[1])}, checkpoint {full}"
             )
-        rows = loaded[self.start : self.start + self.shard_size]
+        rows = loaded[self.start : min(self.start + self.shard_size, self.vocab_size)]
         param.data[: rows.shape[0]].copy_(rows)
         param.data[rows.shape[0] :].zero_()
 

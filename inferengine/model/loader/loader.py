@@ -38,7 +38,8 @@ def load_model(
     else:
         from pathlib import Path
 
-        model.load_weights(iterate_safetensors(Path(model_config.model_path)))
+        wanted = getattr(model, "wants_weight", None)
+        model.load_weights(iterate_safetensors(Path(model_config.model_path), wanted))
     model.eval()
     logger.info(
         "loaded %s (%s, %s) in %.2f s",

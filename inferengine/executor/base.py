@@ -1,0 +1,53 @@
+"""The executor protocol the engine core talks to, and the choice of executor.
+
+The engine core holds an `Executor`, never a concrete class: `UniprocExecutor` runs one worker in
+this process, `MultiprocExecutor` one worker process per rank (tensor × pipeline parallel).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from inferengine.config import EngineConfig
+from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+
+
+class StepHandle(Protocol):
+    """A launched step; `resolve()` waits for it and returns its output (once computed, the
+    same object on every call)."""
+
+    graph_size: int | None  # the CUDA graph the step replayed, if the executor knows it
+
+    def resolve(self) -> ModelRunnerOutput: ...
+
+
+class Executor(Protocol):
+    def determine_num_blocks(self) -> int: ...
+
+    def initialize_cache(self, num_blocks: int) -> None: ...
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> StepHandle: ...
+
+    def propose_drafts(self, wanted: dict[str, tuple[int, list[int]]]) -> dict[str, list[int]]: ...
+
+    def check_health(self) -> None:
+        """Raise `EngineDeadError` if a worker is gone."""
+        ...
+
+    @property
+    def attention_backend_name(self) -> str: ...
+
+    @property
+    def attention_backend_timings_ms(self) -> dict[str, float]: ...
+
+    def shutdown(self) -> None: ...
+
+
+def make_executor(config: EngineConfig) -> Executor:
+    if config.parallel_config.world_size > 1:
+        from inferengine.executor.multiproc import MultiprocExecutor
+
+        return MultiprocExecutor(config)
+    from inferengine.executor.uniproc import UniprocExecutor
+
+    return UniprocExecutor(config)

@@ -1,0 +1,218 @@
+"""`MultiprocExecutor`: one worker process per rank (tensor × pipeline parallel).
+
+Each call goes to every rank as msgpack frames over ZMQ (a `SchedulerOutput` is plain data, never
+a pickled tensor); a step's output comes back from one rank, the first tensor-parallel rank of
+the last pipeline stage. A worker that dies or fails makes every pending and later call raise
+`EngineDeadError` within a poll interval, and the other workers are stopped: nothing hangs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import socket
+import tempfile
+import time
+import uuid
+from typing import Any
+
+import msgspec
+import zmq
+
+from inferengine import envs
+from inferengine.config import EngineConfig
+from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from inferengine.errors import EngineDeadError
+from inferengine.executor.worker_proc import run_worker
+from inferengine.logger import init_logger
+
+logger = init_logger(__name__)
+
+POLL_S = 0.1  # how often a waiting executor looks at its workers' health
+_encoder = msgspec.msgpack.Encoder()
+_decode_any = msgspec.msgpack.Decoder().decode
+_decode_output = msgspec.msgpack.Decoder(ModelRunnerOutput).decode
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Step:
+    """The handle of a step sent to the workers; resolving it waits for the output rank."""
+
+    def __init__(self, executor: MultiprocExecutor, seq: int):
+        self.executor = executor
+        self.seq = seq
+        self.graph_size: int | None = None
+        self._output: ModelRunnerOutput | None = None
+
+    def resolve(self) -> ModelRunnerOutput:
+        if self._output is None:
+            reply = self.executor._wait(self.seq, [self.executor.output_rank])
+            self._output = _decode_output(reply[self.executor.output_rank])
+        return self._output
+
+
+class MultiprocExecutor:
+    def __init__(self, config: EngineConfig):
+        pc = config.parallel_config
+        self.config = config
+        self.world_size = pc.world_size
+        self.output_rank = (pc.pipeline_parallel_size - 1) * pc.tensor_parallel_size
+        self.dead_reason: str | None = None
+        self._seq = 0
+        self._replies: dict[tuple[int, int], bytes] = {}  # (seq, rank) -> payload
+        base = os.path.join(tempfile.gettempdir(), f"inferengine-w-{uuid.uuid4().hex[:12]}")
+        self.ctx = zmq.Context()
+        self.reply_sock = self.ctx.socket(zmq.PULL)
+        self.reply_sock.bind(f"ipc://{base}-reply")
+        self.cmd_socks = []
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        mp = multiprocessing.get_context("spawn")
+        self.procs = []
+        for rank in range(self.world_size):
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDTIMEO, int(POLL_S * 1000))
+            sock.bind(f"ipc://{base}-cmd{rank}")
+            self.cmd_socks.append(sock)
+            proc = mp.Process(
+                target=run_worker,
+                args=(
+                    config,
+                    rank,
+                    init_method,
+                    f"ipc://{base}-cmd{rank}",
+                    f"ipc://{base}-reply",
+                    [self.output_rank],
+                ),
+                name=f"InferEngineWorker-{rank}",
+                daemon=True,
+            )
+            proc.start()
+            self.procs.append(proc)
+        try:
+            infos = self._wait(-1, list(range(self.world_size)), envs.engine_startup_timeout_s())
+        except BaseException:
+            self.shutdown()
+            raise
+        self.infos = {rank: _decode_any(p) for rank, p in infos.items()}
+        for rank, info in sorted(self.infos.items()):
+            logger.info(
+                "rank %d (pid %d): weights %.2f GiB, attention %s, all-reduce %s",
+                rank,
+                info["pid"],
+                info["weights_bytes"] / (1 << 30),
+                info["attention_backend"],
+                info["all_reduce"],
+            )
+
+    # ---- talking to the workers --------------------------------------------------------
+
+    def _broadcast(self, method: str, payload: Any = None) -> int:
+        self.check_health()
+        self._seq += 1
+        frames = [method.encode(), str(self._seq).encode(), _encoder.encode(payload)]
+        for sock in self.cmd_socks:
+            while True:
+                try:
+                    sock.send_multipart(frames)
+                    break
+                except zmq.Again:  # the worker is not reading: find out whether it is alive
+                    self.check_health()
+        return self._seq
+
+    def _wait(self, seq: int, ranks: list[int], timeout_s: float | None = None) -> dict[int, bytes]:
+        """The replies of `ranks` to call `seq`; raises if a worker fails or dies first."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not all((seq, r) in self._replies for r in ranks):
+            if not self._receive(int(POLL_S * 1000)):
+                self.check_health()
+            if deadline is not None and time.monotonic() > deadline:
+                self._fail(f"the workers did not answer within {timeout_s:.0f} s")
+        return {r: self._replies.pop((seq, r)) for r in ranks}
+
+    def _receive(self, timeout_ms: int) -> bool:
+        """Take one reply if one comes within `timeout_ms`; a worker's error raises."""
+        if not self.reply_sock.poll(timeout_ms):
+            return False
+        rank, kind, seq, payload = self.reply_sock.recv_multipart()
+        if kind == b"error":
+            self._fail(f"worker rank {int(rank)} failed: {_decode_any(payload)}")
+        self._replies[(int(seq), int(rank))] = payload
+        return True
+
+    def check_health(self) -> None:
+        if self.dead_reason is not None:
+            raise EngineDeadError(f"the engine's workers are gone: {self.dead_reason}")
+        for rank, proc in enumerate(self.procs):
+            if proc.exitcode is not None:
+                # A worker that failed said why before exiting: prefer its words.
+                while self._receive(50):
+                    pass
+                self._fail(
+                    f"worker process rank {rank} (pid {proc.pid}) exited with code {proc.exitcode}"
+                )
+
+    def _fail(self, reason: str) -> None:
+        logger.error("%s; stopping the other workers", reason)
+        self.dead_reason = reason
+        self._stop_processes(grace_s=0.0)
+        raise EngineDeadError(f"the engine's workers are gone: {reason}")
+
+    # ---- the executor protocol ---------------------------------------------------------
+
+    def determine_num_blocks(self) -> int:
+        """Every rank measures; the KV cache gets the smallest count (pages are shared ids)."""
+        seq = self._broadcast("determine_num_blocks")
+        counts = {
+            r: _decode_any(p) for r, p in self._wait(seq, list(range(self.world_size))).items()
+        }
+        logger.info("KV pages per rank: %s", counts)
+        return min(counts.values())
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self._wait(self._broadcast("initialize_cache", num_blocks), list(range(self.world_size)))
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> _Step:
+        return _Step(self, self._broadcast("execute", scheduler_output))
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.execute_model_async(scheduler_output).resolve()
+
+    def propose_drafts(self, wanted: dict[str, tuple[int, list[int]]]) -> dict[str, list[int]]:
+        seq = self._broadcast("propose_drafts", wanted)
+        return _decode_any(self._wait(seq, [self.output_rank])[self.output_rank])
+
+    @property
+    def attention_backend_name(self) -> str:
+        return self.infos[self.output_rank]["attention_backend"]
+
+    @property
+    def attention_backend_timings_ms(self) -> dict[str, float]:
+        return self.infos[self.output_rank]["attention_backend_timings_ms"]
+
+    def shutdown(self) -> None:
+        if self.dead_reason is None:
+            self.dead_reason = "shut down"
+            frames = [b"shutdown", b"0", _encoder.encode(None)]
+            for sock in self.cmd_socks:
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.send_multipart(frames, flags=zmq.NOBLOCK)
+        self._stop_processes(grace_s=5.0)
+        for sock in [*self.cmd_socks, self.reply_sock]:
+            sock.close(linger=0)
+        self.ctx.term()
+
+    def _stop_processes(self, grace_s: float) -> None:
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        for proc in self.procs:
+            if proc.exitcode is None:
+                proc.kill()
+        for proc in self.procs:
+            proc.join(2.0)

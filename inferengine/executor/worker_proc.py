@@ -1,0 +1,133 @@
+"""The worker process of one rank: joins the torch.distributed world, builds its `Worker` and
+runs what the executor sends until told to stop.
+
+Messages in are msgpack frames `[method, seq, payload]`; every rank runs every call (the
+collectives need them all) and the ranks the executor asks reply `[rank, kind, seq, payload]`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import traceback
+from typing import Any
+
+import msgspec
+import zmq
+
+from inferengine.config import EngineConfig
+from inferengine.core.sched_output import SchedulerOutput
+
+_encoder = msgspec.msgpack.Encoder()
+_decode_any = msgspec.msgpack.Decoder().decode
+_decode_step = msgspec.msgpack.Decoder(SchedulerOutput).decode
+_decode_drafts = msgspec.msgpack.Decoder(dict[str, tuple[int, list[int]]]).decode
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this process when the engine core's process goes, even if it
+    is stuck in a collective."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def run_worker(
+    config: EngineConfig,
+    rank: int,
+    init_method: str,
+    cmd_addr: str,
+    reply_addr: str,
+    reply_ranks: list[int],
+) -> None:
+    """Entry point of a worker process. `reply_ranks` (per method kind) are set by the executor:
+    only the output rank answers `execute` and `propose_drafts`."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ctx = zmq.Context()
+    cmds = ctx.socket(zmq.PULL)
+    cmds.connect(cmd_addr)
+    reply = ctx.socket(zmq.PUSH)
+    reply.connect(reply_addr)
+
+    def send(kind: str, seq: int, payload: Any) -> None:
+        reply.send_multipart(
+            [str(rank).encode(), kind.encode(), str(seq).encode(), _encoder.encode(payload)]
+        )
+
+    try:
+        worker = _start(config, rank, init_method)
+        send("ready", -1, _ready_info(worker, rank))
+        while True:
+            method, seq_raw, payload = cmds.recv_multipart()
+            method_name, seq = method.decode(), int(seq_raw)
+            if method_name == "shutdown":
+                break
+            kind, result = _call(worker, method_name, payload)
+            if method_name in ("execute", "propose_drafts") and rank not in reply_ranks:
+                continue
+            send(kind, seq, result)
+    except BaseException as e:  # every failure is reported, then the rank exits
+        detail = "".join(traceback.format_exception_only(type(e), e)).strip()
+        send("error", -1, f"{detail}\n{traceback.format_exc(limit=6)}")
+        reply.close(linger=2000)
+        os._exit(1)
+    from inferengine.distributed.parallel_state import destroy_distributed
+
+    destroy_distributed()
+    reply.close(linger=1000)
+    cmds.close(linger=0)
+    os._exit(0)
+
+
+def _start(config: EngineConfig, rank: int, init_method: str):
+    import torch
+
+    from inferengine.distributed.parallel_state import init_distributed
+    from inferengine.worker.worker import Worker
+
+    pc = config.parallel_config
+    if config.device == "cuda":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // pc.world_size))
+    init_distributed(rank, pc.tensor_parallel_size, pc.pipeline_parallel_size, init_method, device)
+    return Worker(config, rank)
+
+
+def _ready_info(worker, rank: int) -> dict[str, Any]:
+    import torch
+
+    from inferengine.distributed.parallel_state import all_reduce_name
+
+    info: dict[str, Any] = {
+        "attention_backend": worker.attn_backend.name,
+        "attention_backend_timings_ms": worker.attn_timings_ms,
+        "all_reduce": all_reduce_name(),
+        "pid": os.getpid(),
+    }
+    if worker.device.type == "cuda":
+        info["weights_bytes"] = torch.cuda.memory_allocated(worker.device)
+    else:
+        info["weights_bytes"] = sum(
+            p.numel() * p.element_size() for p in worker.runner.model.parameters()
+        )
+    return info
+
+
+def _call(worker, method: str, payload: bytes) -> tuple[str, Any]:
+    if method == "execute":
+        return "output", worker.runner.execute_model_async(_decode_step(payload)).resolve()
+    if method == "determine_num_blocks":
+        return "result", worker.determine_num_blocks()
+    if method == "initialize_cache":
+        worker.initialize_cache(_decode_any(payload))
+        return "result", None
+    if method == "propose_drafts":
+        return "result", worker.runner.propose_drafts(_decode_drafts(payload))
+    raise ValueError(f"unknown worker method {method!r}")
