@@ -87,6 +87,10 @@ _DEFINITIONS: dict[str, tuple[str, WorkloadConfig]] = {
         "48 prompts, in 6144, out 128, concurrency 8 (server --max-model-len 8192)",
         input_len=6144, output_len=128, num_prompts=48, concurrency=8, warmups=4,
     ),
+    "c128": _random(
+        "384 prompts, in 512, out 256, concurrency 128",
+        input_len=512, output_len=256, num_prompts=384, concurrency=128, warmups=32,
+    ),
     "c64": _random(
         "320 prompts, in 512, out 256, concurrency 64",
         input_len=512, output_len=256, num_prompts=320, concurrency=64, warmups=16,

@@ -33,15 +33,15 @@ class CustomAllReduce:
     """One-shot all-reduce for small messages over symmetric memory (CUDA IPC peer buffers)."""
 
     def __init__(
-        self, group_name: str, buffer: torch.Tensor, max_bytes: int, fused_copy: bool
+        self, group_name: str, buffer: torch.Tensor, handle: object, max_bytes: int
     ) -> None:
         self.group_name = group_name
         self.device = buffer.device
         self.max_bytes = max_bytes
         self.name = f"one-shot symmetric memory (<= {_mib(max_bytes)}), NCCL above"
-        self._buffer = buffer  # keeps the symmetric allocation alive
+        self._buffer, self._handle = buffer, handle  # the peers' mappings live as long as these
         self._typed = {dtype: buffer.view(dtype) for dtype in SUPPORTED_DTYPES}
-        self._fused_copy = fused_copy
+        self._fused_copy = hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy")
 
     @classmethod
     def create(
@@ -68,41 +68,24 @@ class CustomAllReduce:
     def _create_on(
         cls, group: object, device: torch.device, max_bytes: int
     ) -> CustomAllReduce | None:
-        # Each step ends with a vote so that no rank goes on alone into a collective that the
-        # others have left.
-        reason = _missing_api() or _peer_access_problem(group, device)
+        # Every step ends with a vote, so that no rank goes on alone into a collective (the
+        # rendezvous, the first all-reduce) that another rank has given up before.
+        reason = _peer_access_problem(group, device)
+        reason = _missing_api() or reason
         if not _all_ranks_agree(group, device, reason):
             return None
-        custom = None
-        try:
-            custom = cls._rendezvous(group, device, max_bytes)
-        except Exception as e:
-            reason = f"symmetric memory set-up failed: {type(e).__name__}: {e}"
+        buffer, reason = _attempt("allocating the buffer", _allocate, device, max_bytes)
         if not _all_ranks_agree(group, device, reason):
             return None
-        try:
-            reason = custom._smoke_test(group)
-        except Exception as e:
-            reason = f"the first all-reduce failed: {type(e).__name__}: {e}"
+        handle, reason = _attempt("the rendezvous", _rendezvous, buffer, group)
         if not _all_ranks_agree(group, device, reason):
+            return None
+        custom = cls(group.group_name, buffer, handle, max_bytes)
+        wrong, reason = _attempt("the first all-reduce", custom._smoke_test, group)
+        if not _all_ranks_agree(group, device, reason or wrong):
             return None
         logger.info("tensor-parallel all-reduce: %s", custom.name)
         return custom
-
-    @classmethod
-    def _rendezvous(cls, group: object, device: torch.device, max_bytes: int) -> CustomAllReduce:
-        import torch.distributed._symmetric_memory as symm_mem
-
-        # Read by torch at each rendezvous: without it, torch binds the buffers to an NVLink
-        # multicast object on GPUs that support one, which these hosts keep off.
-        os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
-        size = -(-max_bytes // 16) * 16
-        buffer = symm_mem.empty(size, dtype=torch.uint8, device=device)
-        handle = symm_mem.rendezvous(buffer, group.group_name)
-        if getattr(handle, "multicast_ptr", 0):
-            raise RuntimeError("torch bound the buffer to an NVLink multicast object")
-        fused = hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy")
-        return cls(group.group_name, buffer, max_bytes, fused)
 
     def _smoke_test(self, group: object) -> str | None:
         rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -138,6 +121,33 @@ def _aligned_16(x: torch.Tensor) -> bool:
     """The fused copy needs `x` aligned as the staging buffer is (16 bytes at offset 0)."""
     offset = x.storage_offset() * x.element_size()
     return x.data_ptr() % 16 == 0 and offset % 16 == 0 and x.nbytes % 16 == 0
+
+
+def _allocate(device: torch.device, max_bytes: int) -> torch.Tensor:
+    import torch.distributed._symmetric_memory as symm_mem
+
+    return symm_mem.empty(-(-max_bytes // 16) * 16, dtype=torch.uint8, device=device)
+
+
+def _rendezvous(buffer: torch.Tensor, group: object) -> object:
+    """Map every rank's buffer into every other rank (a collective)."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    # Read by torch at each rendezvous: without it torch binds the buffers to an NVLink
+    # multicast object on GPUs that have one, and the GPU hosts keep multicast off.
+    os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+    handle = symm_mem.rendezvous(buffer, group.group_name)
+    if getattr(handle, "multicast_ptr", 0):
+        raise RuntimeError("torch bound the buffer to an NVLink multicast object")
+    return handle
+
+
+def _attempt(what: str, fn, *args) -> tuple[object, str | None]:
+    """(fn's result, None), or (None, why it failed)."""
+    try:
+        return fn(*args), None
+    except Exception as e:
+        return None, f"{what} failed: {type(e).__name__}: {e}"
 
 
 def _missing_api() -> str | None:

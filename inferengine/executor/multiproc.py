@@ -141,9 +141,23 @@ class MultiprocExecutor:
             return False
         rank, kind, seq, payload = self.reply_sock.recv_multipart()
         if kind == b"error":
-            self._fail(f"worker rank {int(rank)} failed: {_decode_any(payload)}")
+            self._fail(self._root_cause(int(rank), _decode_any(payload)))
         self._replies[(int(seq), int(rank))] = payload
         return True
+
+    def _root_cause(self, rank: int, error: str) -> str:
+        """A rank's error, led by the exit of another rank if that came first (a collective
+        fails on every rank when one dies)."""
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            for other, proc in enumerate(self.procs):
+                if other != rank and proc.exitcode is not None and proc.exitcode < 0:
+                    return (
+                        f"worker process rank {other} (pid {proc.pid}) exited with code "
+                        f"{proc.exitcode}; rank {rank} then failed: {error.splitlines()[0]}"
+                    )
+            time.sleep(0.05)
+        return f"worker rank {rank} failed: {error}"
 
     def check_health(self) -> None:
         if self.dead_reason is not None:
