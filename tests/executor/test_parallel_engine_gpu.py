@@ -31,7 +31,9 @@ def _run(path: str, dtype: str, **kwargs):
             SamplingParams(temperature=0, max_tokens=m, ignore_eos=True, logprobs=2)
             for m in MAX_TOKENS
         ]
-        outputs = llm.generate([{"prompt_token_ids": p} for p in _prompts()], params, use_tqdm=False)
+        outputs = llm.generate(
+            [{"prompt_token_ids": p} for p in _prompts()], params, use_tqdm=False
+        )
         return [o.outputs[0] for o in outputs]
     finally:
         llm.llm_engine.core.shutdown()
@@ -56,7 +58,7 @@ def test_tp2_bfloat16_equals_one_gpu_up_to_near_ties(tiny_checkpoint, arch):
     for a, b in zip(one, many, strict=True):
         if a.token_ids == b.token_ids:
             continue
-        i = next(i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y)
+        i = next(i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=True)) if x != y)
         margin = top_two_margin(a.logprobs[i])
         assert margin <= NEAR_TIE, f"diverged at {i} with margin {margin:.3f}"
         near_ties += 1
