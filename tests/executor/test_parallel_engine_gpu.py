@@ -8,6 +8,8 @@ Run on a host with two or more GPUs: python -m pytest -m gpu tests/executor
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -25,7 +27,8 @@ NEAR_TIE = 0.1  # as in tests/entrypoints/test_gpu_engine.py
 
 
 def _run(path: str, dtype: str, **kwargs):
-    llm = LLM(path, dtype=dtype, max_model_len=256, gpu_memory_utilization=0.3, **kwargs)
+    # A fixed page count: the one-GPU engine of the same test may still hold its memory.
+    llm = LLM(path, dtype=dtype, max_model_len=256, num_gpu_blocks_override=512, **kwargs)
     try:
         params = [
             SamplingParams(temperature=0, max_tokens=m, ignore_eos=True, logprobs=2)
@@ -37,6 +40,9 @@ def _run(path: str, dtype: str, **kwargs):
         return [o.outputs[0] for o in outputs]
     finally:
         llm.llm_engine.core.shutdown()
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 @pytest.mark.parametrize("layout", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
