@@ -52,20 +52,29 @@ def message_sizes(smallest: int, largest: int, step: int) -> list[int]:
     return sizes
 
 
-def time_eager(fn, iters: int, repeats: int) -> float:
-    """Median microseconds per call of `fn`, launched back to back."""
+def _median_us(run, calls: int, repeats: int) -> float:
+    """Median microseconds per call over `repeats` timings of `run` (which makes `calls`)."""
     times = []
     for _ in range(repeats):
         dist.barrier()
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(iters):
-            fn()
+        run()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / iters)
+        times.append(start.elapsed_time(end) * 1e3 / calls)
     return statistics.median(times)
+
+
+def time_eager(fn, iters: int, repeats: int) -> float:
+    """Median microseconds per call of `fn`, launched back to back."""
+
+    def run() -> None:
+        for _ in range(iters):
+            fn()
+
+    return _median_us(run, iters, repeats)
 
 
 def time_graph(fn, calls: int, repeats: int) -> float:
@@ -82,19 +91,10 @@ def time_graph(fn, calls: int, repeats: int) -> float:
         for _ in range(calls):
             fn()
     graph.replay()  # first replay uploads the graph
-    times = []
-    for _ in range(repeats):
-        dist.barrier()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
+    median = _median_us(graph.replay, calls, repeats)
     del graph
     torch.cuda.synchronize()
-    return statistics.median(times)
+    return median
 
 
 def slowest_rank(values: list[float], device: torch.device) -> list[float]:

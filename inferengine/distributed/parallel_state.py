@@ -47,22 +47,28 @@ def init_distributed(
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(backend, init_method=init_method, world_size=world, rank=rank, **kwargs)
     pp_rank, tp_rank = divmod(rank, tp_size)
-    for stage in range(pp_size):
-        ranks = tuple(stage * tp_size + t for t in range(tp_size))
-        group = dist.new_group(list(ranks), backend=backend)
-        cpu = dist.new_group(list(ranks), backend="gloo") if backend != "gloo" else group
-        if stage == pp_rank:
-            _tp = ParallelGroup(tp_rank, tp_size, ranks, group, cpu)
-    for t in range(tp_size):
-        ranks = tuple(s * tp_size + t for s in range(pp_size))
-        group = dist.new_group(list(ranks), backend=backend)
-        cpu = dist.new_group(list(ranks), backend="gloo") if backend != "gloo" else group
-        if t == tp_rank:
-            _pp = ParallelGroup(pp_rank, pp_size, ranks, group, cpu)
+    stages = [[s * tp_size + t for t in range(tp_size)] for s in range(pp_size)]
+    _tp = _join_groups(stages, pp_rank, tp_rank, backend)
+    columns = [[s * tp_size + t for s in range(pp_size)] for t in range(tp_size)]
+    _pp = _join_groups(columns, tp_rank, pp_rank, backend)
     if device.type == "cuda" and tp_size > 1:
         from inferengine.distributed.custom_all_reduce import CustomAllReduce
 
         _tp.custom = CustomAllReduce.create(_tp.group, device)
+
+
+def _join_groups(
+    all_ranks: list[list[int]], mine: int, my_index: int, backend: str
+) -> ParallelGroup:
+    """Create a group for each list of `all_ranks` (every process creates every group, in the
+    same order) and return the `mine`-th, where this process has index `my_index`."""
+    result = ParallelGroup()
+    for i, ranks in enumerate(all_ranks):
+        group = dist.new_group(ranks, backend=backend)
+        cpu = dist.new_group(ranks, backend="gloo") if backend != "gloo" else group
+        if i == mine:
+            result = ParallelGroup(my_index, len(ranks), tuple(ranks), group, cpu)
+    return result
 
 
 def destroy_distributed() -> None:
