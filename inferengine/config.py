@@ -121,17 +121,16 @@ class ParallelConfig:
         """Refuse a split the model's shape does not allow, saying which sizes would work."""
         tp, pp = self.tensor_parallel_size, self.pipeline_parallel_size
         heads, kv = m.num_attention_heads, m.num_kv_heads
-        ok = [n for n in range(1, heads + 1) if heads % n == 0 and (kv % n == 0 or n % kv == 0)]
+        mlp = int(m.hf_config["intermediate_size"])
+        ok = [
+            n
+            for n in range(1, heads + 1)
+            if heads % n == 0 and (kv % n == 0 or n % kv == 0) and mlp % n == 0
+        ]
         if tp not in ok:
             raise ConfigError(
-                f"--tensor-parallel-size {tp} does not divide {what}'s {heads} attention heads "
-                f"and {kv} KV heads; use one of {ok}."
-            )
-        sizes = [int(m.hf_config["intermediate_size"]), int(m.hf_config["hidden_size"])]
-        if any(size % tp for size in sizes):
-            raise ConfigError(
-                f"--tensor-parallel-size {tp} does not divide {what}'s hidden size {sizes[1]} "
-                f"and MLP size {sizes[0]}."
+                f"--tensor-parallel-size {tp} does not divide {what}'s {heads} attention heads, "
+                f"{kv} KV heads and MLP size {mlp}; use one of {ok}."
             )
         if pp > m.num_layers:
             raise ConfigError(

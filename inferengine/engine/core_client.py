@@ -13,6 +13,7 @@ import os
 import tempfile
 import time
 import uuid
+import weakref
 from typing import Any
 
 import msgspec
@@ -55,6 +56,8 @@ class AsyncMPClient:
             daemon=config.parallel_config.world_size == 1,
         )
         self.proc.start()
+        if not self.proc.daemon:  # see above: stop it even if this client is never shut down
+            weakref.finalize(self, _terminate, self.proc)
         self.ctx: zmq.asyncio.Context | None = None
         self.ready_info: dict[str, Any] = {}
         self.dead_reason: str | None = None
@@ -194,3 +197,11 @@ class AsyncMPClient:
             self.input_socket.close(linger=0)
             self.output_socket.close(linger=0)
             self.ctx.term()
+
+
+def _terminate(proc) -> None:
+    if proc.exitcode is None:
+        proc.terminate()
+        proc.join(5.0)
+        if proc.exitcode is None:
+            proc.kill()

@@ -13,17 +13,19 @@ import multiprocessing
 import os
 import socket
 import tempfile
+import threading
 import time
 import uuid
+import weakref
 from typing import Any
 
 import msgspec
 import zmq
 
-from inferengine import envs
+from inferengine import envs, errors
 from inferengine.config import EngineConfig
 from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from inferengine.errors import EngineDeadError
+from inferengine.errors import ConfigError, EngineDeadError, InferEngineError
 from inferengine.executor.worker_proc import run_worker
 from inferengine.logger import init_logger
 
@@ -71,9 +73,38 @@ class MultiprocExecutor:
         self.reply_sock = self.ctx.socket(zmq.PULL)
         self.reply_sock.bind(f"ipc://{base}-reply")
         self.cmd_socks = []
+        self.procs: list[multiprocessing.process.BaseProcess] = []
+        try:
+            self._start_workers(config, base)
+            infos = self._wait(-1, list(range(self.world_size)), envs.engine_startup_timeout_s())
+        except BaseException:
+            self.shutdown()
+            raise
+        # Stops the workers if the engine is dropped without a shutdown (an `LLM` going away).
+        self._finalizer = weakref.finalize(self, _stop, self.procs, self.cmd_socks)
+        self.infos = {rank: _decode_any(p) for rank, p in infos.items()}
+        for rank, info in sorted(self.infos.items()):
+            logger.info(
+                "rank %d (pid %d): weights %.2f GiB, attention %s, all-reduce %s",
+                rank,
+                info["pid"],
+                info["weights_bytes"] / (1 << 30),
+                info["attention_backend"],
+                info["all_reduce"],
+            )
+
+        backends = {info["attention_backend"] for info in self.infos.values()}
+        if len(backends) > 1:
+            self.shutdown()
+            raise ConfigError(
+                f"the ranks chose different attention backends ({', '.join(sorted(backends))}); "
+                "pass one with --attention-backend."
+            )
+
+    def _start_workers(self, config: EngineConfig, base: str) -> None:
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         mp = multiprocessing.get_context("spawn")
-        self.procs = []
+        parent = (os.getpid(), threading.current_thread() is threading.main_thread())
         for rank in range(self.world_size):
             sock = self.ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.SNDTIMEO, int(POLL_S * 1000))
@@ -88,27 +119,13 @@ class MultiprocExecutor:
                     f"ipc://{base}-cmd{rank}",
                     f"ipc://{base}-reply",
                     [self.output_rank],
+                    parent,
                 ),
                 name=f"InferEngineWorker-{rank}",
                 daemon=True,
             )
             proc.start()
             self.procs.append(proc)
-        try:
-            infos = self._wait(-1, list(range(self.world_size)), envs.engine_startup_timeout_s())
-        except BaseException:
-            self.shutdown()
-            raise
-        self.infos = {rank: _decode_any(p) for rank, p in infos.items()}
-        for rank, info in sorted(self.infos.items()):
-            logger.info(
-                "rank %d (pid %d): weights %.2f GiB, attention %s, all-reduce %s",
-                rank,
-                info["pid"],
-                info["weights_bytes"] / (1 << 30),
-                info["attention_backend"],
-                info["all_reduce"],
-            )
 
     # ---- talking to the workers --------------------------------------------------------
 
@@ -141,7 +158,14 @@ class MultiprocExecutor:
             return False
         rank, kind, seq, payload = self.reply_sock.recv_multipart()
         if kind == b"error":
-            self._fail(self._root_cause(int(rank), _decode_any(payload)))
+            error = _decode_any(payload)
+            user_error = getattr(errors, error["type"], None)
+            if isinstance(user_error, type) and issubclass(user_error, InferEngineError):
+                # A mistake the user can fix (a checkpoint, a setting): its own words and class.
+                self._fail(
+                    f"worker rank {int(rank)}: {error['message']}", user_error(error["message"])
+                )
+            self._fail(self._root_cause(int(rank), f"{error['type']}: {error['message']}"))
         self._replies[(int(seq), int(rank))] = payload
         return True
 
@@ -171,10 +195,12 @@ class MultiprocExecutor:
                     f"worker process rank {rank} (pid {proc.pid}) exited with code {proc.exitcode}"
                 )
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str, error: InferEngineError | None = None) -> None:
         logger.error("%s; stopping the other workers", reason)
         self.dead_reason = reason
         self._stop_processes(grace_s=0.0)
+        if error is not None:
+            raise error
         raise EngineDeadError(f"the engine's workers are gone: {reason}")
 
     # ---- the executor protocol ---------------------------------------------------------
@@ -217,16 +243,30 @@ class MultiprocExecutor:
                 with contextlib.suppress(zmq.ZMQError):
                     sock.send_multipart(frames, flags=zmq.NOBLOCK)
         self._stop_processes(grace_s=5.0)
+        if hasattr(self, "_finalizer"):
+            self._finalizer.detach()
         for sock in [*self.cmd_socks, self.reply_sock]:
             sock.close(linger=0)
         self.ctx.term()
 
     def _stop_processes(self, grace_s: float) -> None:
-        deadline = time.monotonic() + grace_s
-        for proc in self.procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        for proc in self.procs:
-            if proc.exitcode is None:
-                proc.kill()
-        for proc in self.procs:
-            proc.join(2.0)
+        _join_or_kill(self.procs, grace_s)
+
+
+def _join_or_kill(procs: list, grace_s: float) -> None:
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.exitcode is None:
+            proc.kill()
+    for proc in procs:
+        proc.join(2.0)
+
+
+def _stop(procs: list, cmd_socks: list) -> None:
+    """The finalizer of a dropped executor: ask the workers to stop, then make sure."""
+    for sock in cmd_socks:
+        with contextlib.suppress(zmq.ZMQError):
+            sock.send_multipart([b"shutdown", b"0", _encoder.encode(None)], flags=zmq.NOBLOCK)
+    _join_or_kill(procs, grace_s=5.0)

@@ -20,6 +20,7 @@ import zmq
 
 from inferengine.config import EngineConfig
 from inferengine.core.sched_output import SchedulerOutput
+from inferengine.errors import InferEngineError
 
 _encoder = msgspec.msgpack.Encoder()
 _decode_any = msgspec.msgpack.Decoder().decode
@@ -27,12 +28,16 @@ _decode_step = msgspec.msgpack.Decoder(SchedulerOutput).decode
 _decode_drafts = msgspec.msgpack.Decoder(dict[str, tuple[int, list[int]]]).decode
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this process when the engine core's process goes, even if it
-    is stuck in a collective."""
-    if sys.platform.startswith("linux"):
+def _die_with_parent(parent_pid: int, by_signal: bool) -> None:
+    """Exit with the process that started this one. On Linux, when that process started it
+    from its main thread, the kernel kills this one when it goes, even inside a collective (the
+    signal follows the starting thread, so an engine built in a passing thread only relies on
+    the check here and on its workers being daemons)."""
+    if by_signal and sys.platform.startswith("linux"):
         with contextlib.suppress(OSError):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # it went before the line above took effect
+        os._exit(1)
 
 
 def run_worker(
@@ -42,10 +47,12 @@ def run_worker(
     cmd_addr: str,
     reply_addr: str,
     reply_ranks: list[int],
+    parent: tuple[int, bool],
 ) -> None:
-    """Entry point of a worker process. `reply_ranks` (per method kind) are set by the executor:
-    only the output rank answers `execute` and `propose_drafts`."""
-    _die_with_parent()
+    """Entry point of a worker process. Only `reply_ranks` answer `execute` and
+    `propose_drafts`; `parent` is (the starting process's pid, whether it started this one
+    from its main thread)."""
+    _die_with_parent(*parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctx = zmq.Context()
     cmds = ctx.socket(zmq.PULL)
@@ -71,8 +78,12 @@ def run_worker(
                 continue
             send(kind, seq, result)
     except BaseException as e:  # every failure is reported, then the rank exits
-        detail = "".join(traceback.format_exception_only(type(e), e)).strip()
-        send("error", -1, f"{detail}\n{traceback.format_exc(limit=6)}")
+        message = e.message if isinstance(e, InferEngineError) else str(e)
+        send(
+            "error",
+            -1,
+            {"type": type(e).__name__, "message": message, "trace": traceback.format_exc(limit=6)},
+        )
         reply.close(linger=2000)
         os._exit(1)
     from inferengine.distributed.parallel_state import destroy_distributed

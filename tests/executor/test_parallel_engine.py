@@ -92,3 +92,33 @@ def test_killing_a_worker_fails_the_engine_within_5_s(tiny_checkpoint):
     assert all(p.exitcode is not None for p in executor.procs)  # nothing left behind
     with pytest.raises(EngineDeadError):
         llm.generate([{"prompt_token_ids": [5]}], params, use_tqdm=False)
+
+
+def test_a_checkpoint_mistake_in_a_worker_keeps_its_error_class(tiny_checkpoint, tmp_path):
+    """A rank that cannot load its weights reports the loader's own error, not a dead engine."""
+    from safetensors.torch import load_file, save_file
+
+    from inferengine.errors import ModelLoadError
+
+    source = tiny_checkpoint("qwen3")
+    for f in source.iterdir():
+        if f.suffix != ".safetensors":
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(str(source / "model.safetensors"))
+    del tensors["model.norm.weight"]
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"the checkpoint lacks 1 tensors .*model\.norm"):
+        LLM(str(tmp_path), tensor_parallel_size=2, max_model_len=128)
+
+
+def test_a_dropped_engine_stops_its_workers(tiny_checkpoint):
+    import gc
+
+    llm = LLM(str(tiny_checkpoint("qwen3")), tensor_parallel_size=2, max_model_len=128)
+    procs = list(llm.llm_engine.core.executor.procs)
+    del llm
+    gc.collect()
+    deadline = time.monotonic() + 8
+    while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(p.exitcode is not None for p in procs)
