@@ -16,6 +16,7 @@ from inferengine.spec_decode.draft_model import DraftModelProposer
 from inferengine.worker import kv_memory
 from inferengine.worker.cuda_graphs import default_capture_sizes, default_mixed_sizes
 from inferengine.worker.model_runner import ModelRunner
+from inferengine.worker.profile_run import profile_run
 
 logger = init_logger(__name__)
 
@@ -73,7 +74,7 @@ class Worker:
         if self.device.type == "cuda":
             start = time.perf_counter()
             n = kv_memory.num_blocks_for_cuda(
-                self.config, self.dtype, self.device, self.runner.profile_run
+                self.config, self.dtype, self.device, lambda: profile_run(self.runner)
             )
             logger.info("memory profiling took %.2f s", time.perf_counter() - start)
         else:
