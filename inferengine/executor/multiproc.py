@@ -118,7 +118,7 @@ class MultiprocExecutor:
                     init_method,
                     f"ipc://{base}-cmd{rank}",
                     f"ipc://{base}-reply",
-                    [self.output_rank],
+                    rank == self.output_rank,
                     parent,
                 ),
                 name=f"InferEngineWorker-{rank}",
@@ -219,9 +219,6 @@ class MultiprocExecutor:
 
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> _Step:
         return _Step(self, self._broadcast("execute", scheduler_output))
-
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.execute_model_async(scheduler_output).resolve()
 
     def propose_drafts(self, wanted: dict[str, tuple[int, list[int]]]) -> dict[str, list[int]]:
         seq = self._broadcast("propose_drafts", wanted)

@@ -46,11 +46,11 @@ def run_worker(
     init_method: str,
     cmd_addr: str,
     reply_addr: str,
-    reply_ranks: list[int],
+    answers_steps: bool,
     parent: tuple[int, bool],
 ) -> None:
-    """Entry point of a worker process. Only `reply_ranks` answer `execute` and
-    `propose_drafts`; `parent` is (the starting process's pid, whether it started this one
+    """Entry point of a worker process. Only the rank that `answers_steps` replies to `execute`
+    and `propose_drafts`; `parent` is (the starting process's pid, whether it started this one
     from its main thread)."""
     _die_with_parent(*parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -74,7 +74,7 @@ def run_worker(
             if method_name == "shutdown":
                 break
             kind, result = _call(worker, method_name, payload)
-            if method_name in ("execute", "propose_drafts") and rank not in reply_ranks:
+            if method_name in ("execute", "propose_drafts") and not answers_steps:
                 continue
             send(kind, seq, result)
     except BaseException as e:  # every failure is reported, then the rank exits
