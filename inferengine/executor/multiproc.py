@@ -188,9 +188,11 @@ class MultiprocExecutor:
             raise EngineDeadError(f"the engine's workers are gone: {self.dead_reason}")
         for rank, proc in enumerate(self.procs):
             if proc.exitcode is not None:
-                # A worker that failed said why before exiting: prefer its words.
-                while self._receive(50):
-                    pass
+                # A worker that exits by itself said why first (a killed one could not): wait
+                # for its words, which a busy machine may deliver after the exit is seen.
+                wait_ms = 2000 if proc.exitcode > 0 else 50
+                while self._receive(wait_ms):
+                    wait_ms = 50
                 self._fail(
                     f"worker process rank {rank} (pid {proc.pid}) exited with code {proc.exitcode}"
                 )

@@ -84,13 +84,18 @@ def run_worker(
             -1,
             {"type": type(e).__name__, "message": message, "trace": traceback.format_exc(limit=6)},
         )
+        # Closing alone does not flush: the context's term waits (up to the linger) until the
+        # error has left, which os._exit would otherwise cut short.
         reply.close(linger=2000)
+        cmds.close(linger=0)
+        ctx.term()
         os._exit(1)
     from inferengine.distributed.parallel_state import destroy_distributed
 
     destroy_distributed()
     reply.close(linger=1000)
     cmds.close(linger=0)
+    ctx.term()
     os._exit(0)
 
 
