@@ -72,6 +72,7 @@ class Request:
         # Tokens being sampled by launched steps whose results have not come back yet (async
         # scheduling schedules the next step before the last one's tokens are known).
         self.num_output_placeholders = 0
+        self.num_output_tokens_sent = 0  # output tokens the workers were told of (pipelining)
         self.num_cached_tokens = -1  # prefix-cache hit at first scheduling; -1 until then
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None

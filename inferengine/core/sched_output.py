@@ -27,6 +27,9 @@ class CachedRequestData:
     req_id: str
     new_block_ids: list[int]
     num_computed_tokens: int
+    # Tokens sampled since the request was last scheduled; filled only under pipeline
+    # parallelism, where the stages before the last never see the sampler's output.
+    new_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

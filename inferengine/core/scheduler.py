@@ -100,6 +100,13 @@ class Scheduler:
         self.just_finished: list[Request] = []
         # (request id, drafts verified, drafts accepted) of the last update, for the draft policy
         self.last_verified: list[tuple[str, int, int]] = []
+        # Pipeline parallelism (`pipelined`) keeps steps in flight over disjoint requests: a
+        # request whose sampled token is still on its way waits for it (the first stage cannot
+        # take it from the last stage's device), and workers learn each request's new tokens
+        # from the next step that schedules it. With `pipeline_depth` steps in flight, each
+        # takes about 1/depth of the requests so that every stage has work.
+        self.pipelined = False
+        self.pipeline_depth = 1
 
     # ---- requests in and out -------------------------------------------------------------
 
@@ -143,9 +150,10 @@ class Scheduler:
         num_scheduled: dict[str, int] = {}
         new_block_ids: dict[str, list[int]] = {}
         preempted_any = False
+        seq_cap = self._step_seq_cap()
 
         for request in list(self.running):
-            if budget <= 0:
+            if budget <= 0 or len(num_scheduled) >= seq_cap:
                 break
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
@@ -180,6 +188,7 @@ class Scheduler:
             and self.waiting
             and budget > 0
             and len(self.running) < self.max_num_seqs
+            and len(num_scheduled) < seq_cap
         ):
             request = self.waiting.peek()
             hits, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
@@ -226,6 +235,7 @@ class Scheduler:
                 req_id=req_id,
                 new_block_ids=new_block_ids[req_id],
                 num_computed_tokens=self.requests[req_id].num_computed_tokens,
+                new_token_ids=self._unsent_tokens(self.requests[req_id]),
             )
             for req_id in num_scheduled
             if req_id not in new_ids
@@ -247,11 +257,23 @@ class Scheduler:
         self.finished_req_ids = set()
         for req_id, n in num_scheduled.items():
             request = self.requests[req_id]
+            request.num_output_tokens_sent = request.num_output_tokens
             request.num_computed_tokens += n
             if request.num_computed_tokens >= request.num_tokens + request.num_output_placeholders:
                 request.num_output_placeholders += 1  # this step samples its next token
         self._last_step_tokens = total
         return output
+
+    def _step_seq_cap(self) -> int:
+        if self.pipeline_depth == 1:
+            return self.max_num_seqs
+        share = -(-(len(self.running) + len(self.waiting)) // self.pipeline_depth)
+        return max(1, min(share, self.max_num_seqs))
+
+    def _unsent_tokens(self, request: Request) -> list[int]:
+        if not self.pipelined:
+            return []
+        return request.output_token_ids[request.num_output_tokens_sent :]
 
     def _chunk_cap(self, budget: int) -> int:
         threshold = self.config.long_prefill_token_threshold
@@ -259,6 +281,8 @@ class Scheduler:
 
     def _num_new_tokens(self, request: Request, budget: int) -> int:
         pending = request.num_output_placeholders
+        if pending and self.pipelined:
+            return 0
         if pending and (
             request.num_output_tokens + pending >= request.max_tokens
             or request.num_tokens + pending >= self.max_model_len

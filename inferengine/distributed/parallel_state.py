@@ -169,28 +169,3 @@ def pp_recv(shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.dev
         dist.recv(t, src=peer)
         out.append(t)
     return out
-
-
-def pp_broadcast_token_lists(lists: list[list[int]] | None) -> list[list[int]]:
-    """The last stage's sampled tokens (a list per sampling row), given to every stage through
-    the host-side group: earlier stages keep the same request state as the last one."""
-    src = _pp.ranks[-1]
-    if is_last_stage():
-        assert lists is not None
-        flat = [len(lists), *(len(x) for x in lists), *(t for x in lists for t in x)]
-        size = torch.tensor([len(flat)], dtype=torch.int64)
-        dist.broadcast(size, src=src, group=_pp.cpu_group)
-        dist.broadcast(torch.tensor(flat, dtype=torch.int64), src=src, group=_pp.cpu_group)
-        return lists
-    size = torch.empty(1, dtype=torch.int64)
-    dist.broadcast(size, src=src, group=_pp.cpu_group)
-    data = torch.empty(int(size.item()), dtype=torch.int64)
-    dist.broadcast(data, src=src, group=_pp.cpu_group)
-    flat = data.tolist()
-    n = flat[0]
-    counts, tokens = flat[1 : 1 + n], flat[1 + n :]
-    out, pos = [], 0
-    for c in counts:
-        out.append(tokens[pos : pos + c])
-        pos += c
-    return out

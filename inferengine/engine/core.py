@@ -6,6 +6,7 @@ Runs in-process (for `LLM` and tests) or in its own process behind `core_client`
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 from inferengine import envs
@@ -53,9 +54,13 @@ class EngineCore:
         self.scheduler.keep_finished = config.speculative_config is not None
         self._pending_errors: dict[str, str] = {}
         self._pending_outputs: list[EngineCoreOutput] = []
-        self.async_scheduling = config.scheduler_config.async_scheduling
-        # The launched step not yet collected, and whether it speculated.
-        self._inflight: tuple[SchedulerOutput, StepHandle, bool] | None = None
+        # Steps launched and not yet collected, oldest first, each with whether it speculated.
+        # Async scheduling keeps one step running while the next is prepared; pipeline
+        # parallelism keeps one per stage, over disjoint requests, so the stages overlap.
+        self._inflight: deque[tuple[SchedulerOutput, StepHandle, bool]] = deque()
+        pp = config.parallel_config.pipeline_parallel_size
+        self.scheduler.pipelined = pp > 1
+        self.depth = pp if pp > 1 else (2 if config.scheduler_config.async_scheduling else 1)
         self.spec = config.speculative_config
         self.proposer = make_token_proposer(self.spec)
         self.draft_policy = (
@@ -138,48 +143,47 @@ class EngineCore:
         return (
             self.scheduler.has_unfinished_requests()
             or bool(self._pending_outputs)
-            or self._inflight is not None
+            or bool(self._inflight)
         )
 
     def step(self) -> EngineCoreOutputs:
-        """One step. With async scheduling, launch step N+1 before collecting step N, so the
-        host schedules and prepares while the GPU computes; the outputs are step N's.
+        """One step: launch a step if there is room for one, and collect the oldest when the
+        steps in flight reach the depth (or nothing new could run). With async scheduling the
+        host prepares step N+1 while the GPU computes step N; the outputs are step N's.
 
         Speculation needs each step's tokens before the next is scheduled (drafts continue
-        them), so steps that speculate run synchronously; the first such step after async ones
-        only collects the step in flight and drafts."""
+        them), so steps that speculate run one at a time; the first such step after others
+        only collects the oldest step in flight and drafts."""
         speculate = self._speculate_now()
-        if speculate and self._inflight is not None:
+        if speculate and self._inflight:
             return self._finish_step(self._collect(speculate))
-        launched = None
+        depth = 1 if speculate else self.depth
+        launched_work = False
         timer = self.step_timer
-        if self.scheduler.has_unfinished_requests():
+        if len(self._inflight) < depth and self.scheduler.has_unfinished_requests():
+            self.scheduler.pipeline_depth = depth if self.scheduler.pipelined else 1
             t0 = time.perf_counter()
             scheduler_output = self.scheduler.schedule()
             t1 = time.perf_counter()
             pending = self.executor.execute_model_async(scheduler_output)
-            launched = (scheduler_output, pending, speculate)
+            self._inflight.append((scheduler_output, pending, speculate))
+            launched_work = scheduler_output.total_num_scheduled_tokens > 0
             if timer is not None:
-                timer.launched(scheduler_output, launched[1], t1 - t0, time.perf_counter() - t1)
-        if (speculate or not self.async_scheduling) and launched is not None:
-            self._inflight, launched = launched, None
-        if self._inflight is not None:
+                timer.launched(scheduler_output, pending, t1 - t0, time.perf_counter() - t1)
+        if self._inflight and (len(self._inflight) >= depth or not launched_work):
             outputs = self._collect(speculate)
         else:
             outputs = EngineCoreOutputs(
                 scheduler_stats=self.scheduler.make_stats(), timestamp=time.time()
             )
-        self._inflight = launched
         return self._finish_step(outputs)
 
     def _speculate_now(self) -> bool:
         return self._speculate_next and self.scheduler.has_unfinished_requests()
 
     def _collect(self, speculate: bool) -> EngineCoreOutputs:
-        """Wait for the step in flight, fold in its tokens, and draft for the next step."""
-        assert self._inflight is not None
-        scheduler_output, pending, speculated = self._inflight
-        self._inflight = None
+        """Wait for the oldest step in flight, fold in its tokens, and draft for the next step."""
+        scheduler_output, pending, speculated = self._inflight.popleft()
         t0 = time.perf_counter()
         runner_output = pending.resolve()
         t1 = time.perf_counter()

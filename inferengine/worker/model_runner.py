@@ -20,7 +20,6 @@ from inferengine.distributed.parallel_state import (
     get_pp_size,
     is_first_stage,
     is_last_stage,
-    pp_broadcast_token_lists,
     pp_recv,
     pp_send,
 )
@@ -142,9 +141,17 @@ class ModelRunner:
             state = self.requests[cached.req_id]
             self._append_blocks(state, cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
+            if cached.new_token_ids and not is_last_stage():  # the last stage sampled them
+                self._append_tokens(state, cached.new_token_ids)
         for req_id, drafts in so.scheduled_spec_decode_tokens.items():
             state = self.requests[req_id]
             buffers.token_ids[state.row, state.num_tokens : state.num_tokens + len(drafts)] = drafts
+
+    def _append_tokens(self, state: RequestState, tokens: list[int]) -> None:
+        end = state.num_tokens + len(tokens)
+        self.buffers.token_ids[state.row, state.num_tokens : end] = tokens
+        state.output_token_ids.extend(tokens)
+        state.num_tokens = end
 
     def _append_blocks(self, state: RequestState, block_ids: list[int]) -> None:
         if block_ids:
@@ -245,10 +252,8 @@ class ModelRunner:
         states = [self.requests[inputs.req_ids[row]] for row in inputs.sample_rows]
         hidden = self._forward(inputs)
         if hidden is None:  # an earlier pipeline stage: the last one samples
-            pending = PendingStep(output, inputs.sample_rows, states, None, self.buffers.token_ids)
-            pending.resolve_from(pp_broadcast_token_lists(None))
-            self._last, self._last_index = pending, {}
-            return pending
+            self._last, self._last_index = None, {}
+            return PendingStep(output, [], [], None, self.buffers.token_ids)
         result = spec = None
         if inputs.sample_rows:
             rows = self.buffers.stage_logits_indices(inputs.logits_rows)
@@ -268,9 +273,6 @@ class ModelRunner:
         pending.graph_size = inputs.graph_shape.num_tokens if inputs.graph_shape else None
         self._last = pending
         self._last_index = {s.req_id: i for i, s in enumerate(states)}
-        if get_pp_size() > 1:
-            out = pending.resolve()
-            pp_broadcast_token_lists([out.sampled_token_ids[r] for r in inputs.sample_rows])
         return pending
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor | None:

@@ -117,12 +117,6 @@ class PendingStep:
         logprobs = [t.tolist() for t in extra] if extra else None
         return self._fold(emitted, logprobs)
 
-    def resolve_from(self, emitted: list[list[int]]) -> ModelRunnerOutput:
-        """An earlier pipeline stage's step: the last stage sampled `emitted` (per sampling
-        row); fold them into this stage's request state as if sampled here."""
-        self._resolved = True
-        return self._fold(emitted, None)
-
     def _fold(self, emitted: list[list[int]], logprobs: list | None) -> ModelRunnerOutput:
         out = self.output
         width = self.token_buffer.shape[1]

@@ -184,7 +184,7 @@ def test_a_batch_the_policy_turns_off_runs_as_plain_async_decoding(tiny_checkpoi
 
     def watching_step():
         out = step()
-        overlapped.append(core._inflight is not None)
+        overlapped.append(bool(core._inflight))
         return out
 
     monkeypatch.setattr(core, "step", watching_step)
