@@ -58,6 +58,12 @@ def allocate_kv_caches(
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(_num_layers(m))]
 
 
+def runs_eagerly(config: EngineConfig) -> bool:
+    """No CUDA graphs will be captured: asked for, or a pipeline stage (its step waits on
+    another process's activations)."""
+    return config.enforce_eager or config.parallel_config.pipeline_parallel_size > 1
+
+
 def num_blocks_for_cpu(config: EngineConfig, dtype: torch.dtype) -> int:
     budget = config.cache_config.kv_cache_memory or DEFAULT_CPU_KV_BYTES
     return budget // kv_block_bytes(config, dtype)
@@ -78,7 +84,7 @@ def num_blocks_for_cuda(
     free, total = torch.cuda.mem_get_info(device)
     peak = torch.cuda.max_memory_allocated(device)
     non_torch = max(0, total - free - torch.cuda.memory_reserved(device))
-    graph_reserve = 0 if config.enforce_eager else _GIB  # graph pools, mixed steps included
+    graph_reserve = 0 if runs_eagerly(config) else _GIB  # graph pools, mixed steps included
     budget = total * config.cache_config.gpu_memory_utilization - peak - non_torch - graph_reserve
     logger.info(
         "memory: total %.1f GiB, peak in profile run %.2f GiB, outside torch %.2f GiB, "

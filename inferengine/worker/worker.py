@@ -91,8 +91,8 @@ class Worker:
                 self.config, num_blocks, self.dtype, self.device, self.draft_config
             )
         # Backends that read lengths on the host (torch, flex) cannot be captured; with
-        # --enforce-eager, decode steps keep the padded shapes but run eagerly.
-        # Pipeline stages run eagerly: a stage's step waits on another process's activations.
+        # --enforce-eager, decode steps keep the padded shapes but run eagerly. Pipeline
+        # stages run eagerly and unpadded.
         staged = self.config.parallel_config.pipeline_parallel_size > 1
         if self.device.type == "cuda" and self.attn_backend.cuda_graph_safe and not staged:
             sc = self.config.scheduler_config
