@@ -18,6 +18,12 @@ class EngineCoreRequest(msgspec.Struct, omit_defaults=True):
     arrival_time: float = 0.0
     priority: int = 0
     cache_salt: str | None = None
+    # Session retention (`retention.py`): the session's name, a lease in seconds on every
+    # page of the request (prompt and output) once it ends, and Anthropic-style breakpoints:
+    # (number of leading prompt tokens, lease in seconds).
+    cache_key: str | None = None
+    cache_ttl_s: float | None = None
+    cache_breakpoints: list[tuple[int, float]] = []
 
 
 class LogprobsLists(msgspec.Struct, array_like=True):
