@@ -67,13 +67,20 @@ class CacheConfig:
     kv_cache_memory: int | None = None  # bytes for the KV cache; the CPU budget (default 1 GiB)
     enable_prefix_caching: bool = True
     num_gpu_blocks_override: int | None = None
+    kv_offloading_size: float | None = None  # GiB of host memory for the CPU tier, all ranks
     # Set at start-up from the memory measurement.
     num_blocks: int = 0
+    num_host_blocks: int = 0
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ConfigError(
                 f"--block-size must be one of 8, 16, 32, 64, 128; got {self.block_size}."
+            )
+        if self.kv_offloading_size is not None and self.kv_offloading_size < 0:
+            raise ConfigError(
+                f"--kv-offloading-size is GiB of host memory, 0 or more; got "
+                f"{self.kv_offloading_size}."
             )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(

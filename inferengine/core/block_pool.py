@@ -3,11 +3,16 @@
 Block 0 is the null block: never handed out, it pads block tables. A freed block keeps its hash
 and waits in the free list, so a later request with the same prefix can take it back; blocks with
 no hash sit at the front of the list and are reused first, cached ones in LRU order behind them.
+A block whose session holds a lease (`lease_until` in the future) waits in a second list that is
+drawn from only when the first is empty; a lease that runs out moves its block to the front of
+the first. Reusing a cached block is an eviction, noted in `evicted` for the CPU tier.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import heapq
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from inferengine.core.hashing import BlockHash
@@ -18,6 +23,8 @@ class KVCacheBlock:
     block_id: int
     ref_cnt: int = 0
     block_hash: BlockHash | None = None
+    lease_until: float = 0.0  # a session keeps this page until then (monotonic seconds)
+    in_leased_list: bool = False
     prev_free: KVCacheBlock | None = None
     next_free: KVCacheBlock | None = None
 
@@ -80,17 +87,29 @@ class FreeBlockQueue:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, enable_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        enable_caching: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         if num_blocks < 2:
             raise ValueError("the KV cache needs at least 2 blocks (one is the null block)")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
+        self.clock = clock
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.null_block = self.blocks[0]
         self.null_block.ref_cnt = 1  # never freed, never handed out
         self.free_queue = FreeBlockQueue(self.blocks[1:])
+        self.leased_queue = FreeBlockQueue([])
+        self._lease_heap: list[tuple[float, int]] = []  # (lease end, block id) of leased frees
         self.cached: dict[BlockHash, KVCacheBlock] = {}
         self._num_cached_free = 0  # free blocks that still hold a hash
+        # (hash, block id, lease end) of cached blocks reused since the owner last looked.
+        self.evicted: list[tuple[BlockHash, int, float]] = []
+        self.track_evictions = False
+        self.num_evicted_leased = 0
 
     @property
     def num_usable_blocks(self) -> int:
@@ -98,7 +117,17 @@ class BlockPool:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_queue)
+        return len(self.free_queue) + len(self.leased_queue)
+
+    @property
+    def num_leased_free_blocks(self) -> int:
+        """Free blocks a live lease keeps (evicted only after every other free block)."""
+        return len(self.leased_queue)
+
+    def free_in_eviction_order(self) -> Iterator[KVCacheBlock]:
+        """Free blocks in the order they would be reused (cached or not)."""
+        for queue in (self.free_queue, self.leased_queue):
+            yield from queue
 
     @property
     def num_cached_free_blocks(self) -> int:
@@ -113,14 +142,22 @@ class BlockPool:
         return self.cached.get(block_hash)
 
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
-        if n > len(self.free_queue):
-            raise ValueError(f"asked for {n} blocks, {len(self.free_queue)} free")
+        if n > self.num_free_blocks:
+            raise ValueError(f"asked for {n} blocks, {self.num_free_blocks} free")
         out = []
         for _ in range(n):
-            block = self.free_queue.popleft()
+            if self.free_queue:
+                block = self.free_queue.popleft()
+            else:
+                block = self.leased_queue.popleft()
+                block.in_leased_list = False
+                self.num_evicted_leased += 1
             if block.block_hash is not None:
                 self._num_cached_free -= 1
+                if self.track_evictions:
+                    self.evicted.append((block.block_hash, block.block_id, block.lease_until))
                 self._drop_hash(block)
+            block.lease_until = 0.0
             block.ref_cnt = 1
             out.append(block)
         return out
@@ -129,9 +166,28 @@ class BlockPool:
         """Take a reference on prefix-cache hits, pulling free ones out of the free list."""
         for block in blocks:
             if block.ref_cnt == 0:
-                self.free_queue.remove(block)
+                self._unlink_free(block)
                 self._num_cached_free -= block.block_hash is not None
             block.ref_cnt += 1
+
+    def _unlink_free(self, block: KVCacheBlock) -> None:
+        if block.in_leased_list:
+            self.leased_queue.remove(block)
+            block.in_leased_list = False
+        else:
+            self.free_queue.remove(block)
+
+    def expire_leases(self) -> None:
+        """Free blocks whose lease ran out join the plain list, first in line to be reused."""
+        now = self.clock()
+        heap = self._lease_heap
+        while heap and heap[0][0] <= now:
+            _, block_id = heapq.heappop(heap)
+            block = self.blocks[block_id]
+            if block.in_leased_list and block.lease_until <= now:
+                self.leased_queue.remove(block)
+                block.in_leased_list = False
+                self.free_queue.appendleft(block)
 
     def cache_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
         """Register a full block under its hash; a hash already held by another block stays there."""
@@ -156,6 +212,11 @@ class BlockPool:
             if block.ref_cnt == 0:
                 if block.block_hash is None:
                     self.free_queue.appendleft(block)
+                elif block.lease_until > self.clock():
+                    self.leased_queue.append(block)
+                    block.in_leased_list = True
+                    heapq.heappush(self._lease_heap, (block.lease_until, block.block_id))
+                    self._num_cached_free += 1
                 else:
                     self.free_queue.append(block)
                     self._num_cached_free += 1
@@ -165,8 +226,14 @@ class BlockPool:
         if self.num_free_blocks != self.num_usable_blocks:
             return False
         for block in self.blocks[1:]:
+            if block.in_leased_list:
+                self.leased_queue.remove(block)
+                block.in_leased_list = False
+                self.free_queue.append(block)
             block.block_hash = None
+            block.lease_until = 0.0
         self.cached.clear()
+        self._lease_heap.clear()
         self._num_cached_free = 0
         return True
 

@@ -77,6 +77,24 @@ class SpecDecodingStats(msgspec.Struct, omit_defaults=True):
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
 
+class KVTierStats(msgspec.Struct, omit_defaults=True):
+    """The KV cache's tiers and sessions; counts are cumulative, pages and sessions current."""
+
+    query_tokens: int = 0  # prompt tokens looked up
+    gpu_hit_tokens: int = 0  # found in the GPU pool
+    cpu_hit_tokens: int = 0  # found in the CPU tier only (loaded back)
+    offloaded_blocks: int = 0
+    loaded_blocks: int = 0
+    offloaded_bytes: int = 0
+    loaded_bytes: int = 0
+    cpu_pages_total: int = 0
+    cpu_pages_used: int = 0
+    leased_blocks: int = 0  # free GPU pages kept by a live lease
+    leased_cpu_pages: int = 0
+    sessions: int = 0  # session keys with a live lease
+    leased_evicted_blocks: int = 0  # leased pages reused anyway (GPU and CPU)
+
+
 class SchedulerStats(msgspec.Struct, omit_defaults=True):
     num_running: int = 0
     num_waiting: int = 0
@@ -89,6 +107,7 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     num_preemptions: int = 0  # cumulative
     step_num_tokens: int = 0  # tokens scheduled in the last step
     spec_decoding: SpecDecodingStats | None = None
+    kv_tiers: KVTierStats | None = None
 
 
 class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):

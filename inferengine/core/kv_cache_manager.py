@@ -1,43 +1,71 @@
-"""`KVCacheManager`: which pages each request owns, prefix-cache lookups, and page accounting."""
+"""`KVCacheManager`: which pages each request owns, prefix-cache lookups over the GPU pool and
+the CPU tier, session leases, and page accounting.
+
+With a CPU tier, the manager lists the copies each step needs: `offloads` (GPU page -> host
+slot: a cached page about to be reused, or next in line for eviction) and `loads` (host slot ->
+a fresh GPU page: a prefix found only in the CPU tier). The worker runs the offloads first,
+then the loads, then the step, so a page is saved before it is overwritten and a slot is filled
+before it is read.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from inferengine.core.block_pool import BlockPool, KVCacheBlock
+from inferengine.core.host_tier import HostTier
 from inferengine.core.request import Request
+
+WRITEBACK_WINDOW = 64  # free pages next in line for eviction looked at each step
+WRITEBACK_PER_STEP = 32  # of which at most this many are copied to the CPU tier ahead of time
 
 
 @dataclass
 class PrefixCacheStats:
     queries: int = 0  # prompt tokens looked up
-    hits: int = 0  # of which found in the cache
+    hits: int = 0  # of which found in the cache (either tier)
+    host_hits: int = 0  # of which found in the CPU tier only (loaded, not recomputed)
+    offloaded_blocks: int = 0
+    loaded_blocks: int = 0
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        num_host_blocks: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.pool = BlockPool(num_blocks, enable_caching)
+        self.clock = clock
+        self.pool = BlockPool(num_blocks, enable_caching, clock)
+        self.host = HostTier(num_host_blocks) if num_host_blocks and enable_caching else None
+        self.pool.track_evictions = self.host is not None
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}  # leading blocks of a request already hashed
         self.prefix_stats = PrefixCacheStats()
+        self.offloads: list[tuple[int, int]] = []  # (GPU page, host slot), this step
+        self.loads: list[tuple[int, int]] = []  # (host slot, GPU page), this step
+        self.sessions: dict[str, float] = {}  # session key -> end of its longest lease
 
     @property
     def usage(self) -> float:
         return self.pool.usage
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
-        """The longest run of leading full blocks already in the cache, and the tokens they hold.
+        """The longest run of leading full blocks already in the GPU pool, and their tokens.
 
         At least one token is always left to compute, so the request still produces logits.
         """
         if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
-        max_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[KVCacheBlock] = []
-        for block_hash in request.block_hashes[:max_blocks]:
+        for block_hash in request.block_hashes[: self._max_hit_blocks(request)]:
             block = self.pool.get_cached_block(block_hash)
             if block is None:
                 break
@@ -46,14 +74,34 @@ class KVCacheManager:
         self.prefix_stats.hits += len(hits) * self.block_size
         return hits, len(hits) * self.block_size
 
+    def get_host_hits(self, request: Request, num_gpu_hits: int) -> list[int]:
+        """Host slots continuing the GPU hits (`num_gpu_hits` blocks) from the CPU tier."""
+        if self.host is None or request.sampling_params.prompt_logprobs is not None:
+            return []
+        slots = []
+        for block_hash in request.block_hashes[num_gpu_hits : self._max_hit_blocks(request)]:
+            slot = self.host.lookup(block_hash)
+            if slot is None:
+                break
+            slots.append(slot)
+        self.prefix_stats.hits += len(slots) * self.block_size
+        self.prefix_stats.host_hits += len(slots) * self.block_size
+        return slots
+
+    def _max_hit_blocks(self, request: Request) -> int:
+        return (request.num_tokens - 1) // self.block_size
+
     def allocate_slots(
         self,
         request: Request,
         num_new_tokens: int,
         new_computed_blocks: Sequence[KVCacheBlock] = (),
         num_new_computed_tokens: int = 0,
+        host_hits: Sequence[int] = (),
     ) -> list[KVCacheBlock] | None:
-        """Give `request` pages for `num_new_tokens` more tokens, after its prefix-cache hits.
+        """Give `request` pages for `num_new_tokens` more tokens, after its prefix-cache hits
+        (`num_new_computed_tokens` counts those in the pool and the `host_hits` slots, which
+        are loaded into the first new pages).
 
         Returns the newly allocated blocks, or None (changing nothing) when too few are free.
         Full blocks that this step will fill are registered in the prefix cache right away, so a
@@ -72,6 +120,10 @@ class KVCacheManager:
         self.pool.touch(new_computed_blocks)
         blocks.extend(new_computed_blocks)
         new_blocks = self.pool.get_new_blocks(num_new_blocks)
+        self._save_evicted()
+        for slot, block in zip(host_hits, new_blocks, strict=False):
+            self.loads.append((slot, block.block_id))
+        self.prefix_stats.loaded_blocks += len(host_hits)
         blocks.extend(new_blocks)
         if self.enable_caching:
             num_known = min(num_computed + num_new_tokens, request.num_tokens)
@@ -88,7 +140,8 @@ class KVCacheManager:
         self.num_cached_blocks[request.request_id] = max(start, num_full)
 
     def free(self, request: Request) -> None:
-        """Release the request's pages; the cached ones stay findable until evicted.
+        """Release the request's pages; the cached ones stay findable until evicted, after
+        every unleased page if the request's session leased them.
 
         Blocks registered for tokens that were scheduled but never computed (the request was
         preempted in the step that scheduled them) lose their hash first.
@@ -99,10 +152,85 @@ class KVCacheManager:
         for block in blocks[first_uncomputed:]:
             if block.ref_cnt == 1:
                 self.pool.uncache_block(block)
+        self._lease(request, blocks[:first_uncomputed])
         self.pool.free_blocks(reversed(blocks))
+
+    def _lease(self, request: Request, computed: list[KVCacheBlock]) -> None:
+        if request.cache_ttl_s is None and not request.cache_breakpoints:
+            return
+        now = self.clock()
+        ends = [0.0] * len(computed)
+        if request.cache_ttl_s is not None:
+            ends = [now + request.cache_ttl_s] * len(computed)
+        for num_tokens, ttl_s in request.cache_breakpoints:
+            for i in range(min(num_tokens // self.block_size, len(computed))):
+                ends[i] = max(ends[i], now + ttl_s)
+        for block, end in zip(computed, ends, strict=True):
+            if end > block.lease_until and block.block_hash is not None:
+                block.lease_until = end
+                if self.host is not None and block.block_hash in self.host:
+                    self.host.lease(block.block_hash, end)
+        if request.cache_key is not None and ends:
+            self.sessions[request.cache_key] = max(self.sessions.get(request.cache_key, 0), *ends)
+
+    # ---- the CPU tier ------------------------------------------------------------------
+
+    def _save_evicted(self) -> None:
+        """Cached pages just taken for reuse go to the CPU tier first (unless already there)."""
+        evicted, self.pool.evicted = self.pool.evicted, []
+        if self.host is None:
+            return
+        for block_hash, block_id, lease_until in evicted:
+            if block_hash in self.host:
+                if lease_until > 0.0:
+                    self.host.lease(block_hash, lease_until)
+                continue
+            slot = self.host.reserve(block_hash, lease_until)
+            if slot is not None:
+                self.offloads.append((block_id, slot))
+                self.prefix_stats.offloaded_blocks += 1
+
+    def end_step(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """This step's copies, (offloads, loads), after saving ahead of time the pages next in
+        line for eviction into free slots (so that reusing them later needs no copy of its
+        own; a page still on the GPU never pushes out the only copy of another)."""
+        if self.host is not None:
+            looked = saved = 0
+            for block in self.pool.free_in_eviction_order():
+                looked += 1
+                if looked > WRITEBACK_WINDOW or saved >= WRITEBACK_PER_STEP:
+                    break
+                if block.block_hash is None or block.block_hash in self.host:
+                    continue
+                slot = self.host.reserve(block.block_hash, block.lease_until, evict=False)
+                if slot is None:
+                    break
+                self.offloads.append((block.block_id, slot))
+                self.prefix_stats.offloaded_blocks += 1
+                saved += 1
+            self.host.end_step()
+        copies = (self.offloads, self.loads)
+        self.offloads, self.loads = [], []
+        return copies
+
+    def expire_leases(self) -> None:
+        self.pool.expire_leases()
+        if self.host is not None:
+            self.host.expire_leases(self.clock())
+
+    @property
+    def num_live_sessions(self) -> int:
+        now = self.clock()
+        self.sessions = {k: end for k, end in self.sessions.items() if end > now}
+        return len(self.sessions)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 
     def reset_prefix_cache(self) -> bool:
-        return self.pool.reset_prefix_cache()
+        if not self.pool.reset_prefix_cache():
+            return False
+        if self.host is not None:
+            self.host.clear()
+        self.sessions.clear()
+        return True

@@ -56,6 +56,9 @@ class Request:
         arrival_time: float | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        cache_key: str | None = None,
+        cache_ttl_s: float | None = None,
+        cache_breakpoints: list[tuple[int, float]] | None = None,
     ):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -64,6 +67,10 @@ class Request:
         self.arrival_time = time.time() if arrival_time is None else arrival_time
         self.priority = priority
         self.cache_salt = cache_salt
+        # Session retention: leases on this request's pages once it ends (retention.py).
+        self.cache_key = cache_key
+        self.cache_ttl_s = cache_ttl_s
+        self.cache_breakpoints = cache_breakpoints or []
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)

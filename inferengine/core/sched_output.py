@@ -41,6 +41,10 @@ class SchedulerOutput:
     # Requests that ended or were preempted since the last step: workers drop their state.
     finished_req_ids: set[str] = field(default_factory=set)
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # CPU tier copies, run before the step in this order: (GPU page, host slot) saves, then
+    # (host slot, GPU page) loads.
+    kv_offloads: list[tuple[int, int]] = field(default_factory=list)
+    kv_loads: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:

@@ -19,6 +19,7 @@ from inferengine.config import CacheConfig, SchedulerConfig
 from inferengine.core.engine_io import (
     EngineCoreOutput,
     EngineCoreOutputs,
+    KVTierStats,
     LogprobsLists,
     SchedulerStats,
     SpecDecodingStats,
@@ -85,7 +86,10 @@ class Scheduler:
         self.max_model_len = scheduler_config.max_model_len
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(
-            cache_config.num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+            cache_config.num_blocks,
+            cache_config.block_size,
+            cache_config.enable_prefix_caching,
+            cache_config.num_host_blocks,
         )
         self.block_hasher = BlockHasher(cache_config.block_size)
         self.requests: dict[str, Request] = {}
@@ -107,6 +111,7 @@ class Scheduler:
         # takes about 1/depth of the requests so that every stage has work.
         self.pipelined = False
         self.pipeline_depth = 1
+        self.kv_page_bytes = 0  # bytes of one KV page over all ranks (set by the engine core)
 
     # ---- requests in and out -------------------------------------------------------------
 
@@ -151,6 +156,8 @@ class Scheduler:
         new_block_ids: dict[str, list[int]] = {}
         preempted_any = False
         seq_cap = self._step_seq_cap()
+        kv = self.kv_cache_manager
+        kv.expire_leases()
 
         for request in list(self.running):
             if budget <= 0 or len(num_scheduled) >= seq_cap:
@@ -191,11 +198,11 @@ class Scheduler:
             and len(num_scheduled) < seq_cap
         ):
             request = self.waiting.peek()
-            hits, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
+            hits, num_hit_tokens = kv.get_computed_blocks(request)
+            host_hits = kv.get_host_hits(request, len(hits))
+            num_hit_tokens += len(host_hits) * self.block_size
             num_new = min(request.num_tokens - num_hit_tokens, self._chunk_cap(budget))
-            new_blocks = self.kv_cache_manager.allocate_slots(
-                request, num_new, hits, num_hit_tokens
-            )
+            new_blocks = kv.allocate_slots(request, num_new, hits, num_hit_tokens, host_hits)
             if new_blocks is None:
                 break
             self.waiting.pop()
@@ -246,6 +253,7 @@ class Scheduler:
             for req_id in num_scheduled
             if self.requests[req_id].spec_token_ids
         }
+        offloads, loads = self.kv_cache_manager.end_step()
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached_reqs,
@@ -253,6 +261,8 @@ class Scheduler:
             total_num_scheduled_tokens=total,
             finished_req_ids=self.finished_req_ids,
             scheduled_spec_decode_tokens=drafts,
+            kv_offloads=offloads,
+            kv_loads=loads,
         )
         self.finished_req_ids = set()
         for req_id, n in num_scheduled.items():
@@ -413,4 +423,27 @@ class Scheduler:
             num_preemptions=self.num_preemptions,
             step_num_tokens=self._last_step_tokens,
             spec_decoding=self.spec_stats if self.spec_stats.num_drafts else None,
+            kv_tiers=self._tier_stats(),
+        )
+
+    def _tier_stats(self) -> KVTierStats | None:
+        kv = self.kv_cache_manager
+        if not kv.enable_caching:
+            return None
+        s, host = kv.prefix_stats, kv.host
+        return KVTierStats(
+            query_tokens=s.queries,
+            gpu_hit_tokens=s.hits - s.host_hits,
+            cpu_hit_tokens=s.host_hits,
+            offloaded_blocks=s.offloaded_blocks,
+            loaded_blocks=s.loaded_blocks,
+            offloaded_bytes=s.offloaded_blocks * self.kv_page_bytes,
+            loaded_bytes=s.loaded_blocks * self.kv_page_bytes,
+            cpu_pages_total=host.num_slots if host is not None else 0,
+            cpu_pages_used=len(host) if host is not None else 0,
+            leased_blocks=kv.pool.num_leased_free_blocks,
+            leased_cpu_pages=host.num_leased if host is not None else 0,
+            sessions=kv.num_live_sessions,
+            leased_evicted_blocks=kv.pool.num_evicted_leased
+            + (host.num_evicted_leased if host is not None else 0),
         )

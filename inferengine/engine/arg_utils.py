@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -59,6 +60,8 @@ _HELP = {
     "process each (NCCL on GPU, gloo on CPU)",
     "pipeline_parallel_size": "pipeline stages, each running a share of the layers on its own "
     "ranks (combines with --tensor-parallel-size)",
+    "kv_offloading_size": "GiB of host memory for a CPU tier of the KV cache (summed over "
+    "ranks): pages evicted from the GPU are kept there and loaded back on a prefix hit",
     "num_gpu_blocks_override": "KV pages to allocate instead of the measured number (testing)",
     "max_waiting_requests": "serve only: requests that may wait beyond --max-num-seqs before "
     "new ones get 503 (default: unbounded)",
@@ -93,6 +96,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     num_gpu_blocks_override: int | None = None
+    kv_offloading_size: float | None = None
     max_waiting_requests: int | None = None
     async_scheduling: bool = True
     served_model_name: str | None = None
@@ -134,6 +138,7 @@ class EngineArgs:
                 speculative, model_config, self.load_format
             )
         _check_parallel(parallel_config, model_config, speculative, device)
+        _check_offloading(self.kv_offloading_size, self.enable_prefix_caching, speculative)
         return EngineConfig(
             model_config=model_config,
             cache_config=CacheConfig(
@@ -142,6 +147,7 @@ class EngineArgs:
                 kv_cache_memory=self.kv_cache_memory,
                 enable_prefix_caching=self.enable_prefix_caching,
                 num_gpu_blocks_override=self.num_gpu_blocks_override,
+                kv_offloading_size=self.kv_offloading_size,
             ),
             scheduler_config=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,
@@ -317,6 +323,47 @@ def _parse_bytes(text: str) -> int:
 
 
 _PARSERS = {"kv_cache_memory": _parse_bytes, "speculative_config": _json_object}
+
+
+def _host_memory_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_offloading(
+    size_gib: float | None, prefix_caching: bool, speculative: SpeculativeConfig | None
+) -> None:
+    """Refuse, at start-up, a CPU tier that cannot work."""
+    if not size_gib:
+        return
+    if size_gib < 0:
+        raise ConfigError(f"--kv-offloading-size is GiB, 0 or more; got {size_gib}.")
+    if not prefix_caching:
+        raise ConfigError(
+            "--kv-offloading-size keeps cached prefixes, so it needs prefix caching: drop "
+            "--no-enable-prefix-caching or the offloading size."
+        )
+    if speculative is not None and speculative.method == "draft_model":
+        raise ConfigError(
+            "--kv-offloading-size does not work with a draft model yet; use the ngram or "
+            "suffix method, or no CPU tier."
+        )
+    available = _host_memory_available()
+    if available is not None and size_gib * 2**30 > available:
+        raise ConfigError(
+            f"--kv-offloading-size {size_gib} GiB is more than this machine's available host "
+            f"memory ({available / 2**30:.1f} GiB); give it at most that, less what the "
+            "server itself needs."
+        )
 
 
 def _check_parallel(

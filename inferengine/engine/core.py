@@ -46,12 +46,15 @@ class EngineCore:
             num_blocks = self.executor.determine_num_blocks()
             self._check_capacity(num_blocks)
             config.cache_config.num_blocks = num_blocks
-            self.executor.initialize_cache(num_blocks)
+            num_host_blocks, self.kv_page_bytes = self._host_tier_size()
+            config.cache_config.num_host_blocks = num_host_blocks
+            self.executor.initialize_cache(num_blocks, num_host_blocks)
         except BaseException:
             self.executor.shutdown()
             raise
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config)
         self.scheduler.keep_finished = config.speculative_config is not None
+        self.scheduler.kv_page_bytes = self.kv_page_bytes
         self._pending_errors: dict[str, str] = {}
         self._pending_outputs: list[EngineCoreOutput] = []
         # Steps launched and not yet collected, oldest first, each with whether it speculated.
@@ -73,6 +76,22 @@ class EngineCore:
         interval = envs.step_stats_interval_s()
         self.step_timer = StepTimer(interval) if interval > 0 else None
         logger.info("engine core ready in %.2f s", time.perf_counter() - start)
+
+    def _host_tier_size(self) -> tuple[int, int]:
+        cc = self.config.cache_config
+        if not cc.kv_offloading_size or not cc.enable_prefix_caching:
+            return 0, 0
+        num_host_blocks, page_bytes = self.executor.determine_num_host_blocks()
+        if num_host_blocks < 1:
+            raise ConfigError(
+                f"--kv-offloading-size {cc.kv_offloading_size} GiB holds no KV page (a page "
+                f"takes {page_bytes} bytes over all ranks); give it more, or 0 to turn the "
+                "CPU tier off."
+            )
+        logger.info(
+            "CPU KV tier: %d pages (%d tokens)", num_host_blocks, num_host_blocks * cc.block_size
+        )
+        return num_host_blocks, page_bytes
 
     def _check_capacity(self, num_blocks: int) -> None:
         cc, sc = self.config.cache_config, self.config.scheduler_config
@@ -115,6 +134,9 @@ class EngineCore:
                 arrival_time=request.arrival_time or None,
                 priority=request.priority,
                 cache_salt=request.cache_salt,
+                cache_key=request.cache_key,
+                cache_ttl_s=request.cache_ttl_s,
+                cache_breakpoints=[tuple(b) for b in request.cache_breakpoints],
             )
         )
 

@@ -216,8 +216,14 @@ class MultiprocExecutor:
         logger.info("KV pages per rank: %s", counts)
         return min(counts.values())
 
-    def initialize_cache(self, num_blocks: int) -> None:
-        self._wait(self._broadcast("initialize_cache", num_blocks), list(range(self.world_size)))
+    def determine_num_host_blocks(self) -> tuple[int, int]:
+        seq = self._broadcast("determine_num_host_blocks")
+        answers = [_decode_any(p) for p in self._wait(seq, list(range(self.world_size))).values()]
+        return min(a[0] for a in answers), sum(a[1] for a in answers)
+
+    def initialize_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
+        seq = self._broadcast("initialize_cache", [num_blocks, num_host_blocks])
+        self._wait(seq, list(range(self.world_size)))
 
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> _Step:
         return _Step(self, self._broadcast("execute", scheduler_output))

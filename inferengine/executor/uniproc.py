@@ -15,8 +15,11 @@ class UniprocExecutor:
     def determine_num_blocks(self) -> int:
         return self.worker.determine_num_blocks()
 
-    def initialize_cache(self, num_blocks: int) -> None:
-        self.worker.initialize_cache(num_blocks)
+    def determine_num_host_blocks(self) -> tuple[int, int]:
+        return self.worker.determine_num_host_blocks()
+
+    def initialize_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
+        self.worker.initialize_cache(num_blocks, num_host_blocks)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(scheduler_output)

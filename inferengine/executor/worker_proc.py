@@ -141,8 +141,10 @@ def _call(worker, method: str, payload: bytes) -> tuple[str, Any]:
         return "output", worker.runner.execute_model_async(_decode_step(payload)).resolve()
     if method == "determine_num_blocks":
         return "result", worker.determine_num_blocks()
+    if method == "determine_num_host_blocks":
+        return "result", worker.determine_num_host_blocks()
     if method == "initialize_cache":
-        worker.initialize_cache(_decode_any(payload))
+        worker.initialize_cache(*_decode_any(payload))
         return "result", None
     if method == "propose_drafts":
         return "result", worker.runner.propose_drafts(_decode_drafts(payload))

@@ -75,6 +75,24 @@ class PrometheusStatLogger(StatLogger):
         )
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.preemptions = counter("num_preemptions", "Requests preempted by the scheduler.")
+        self.tier_counters = {
+            "cpu_hit_tokens": counter(
+                "kv_cpu_tier_hits", "Prompt tokens loaded from the CPU tier instead of recomputed."
+            ),
+            "offloaded_blocks": counter("kv_offloaded_blocks", "KV pages copied to the CPU tier."),
+            "loaded_blocks": counter("kv_loaded_blocks", "KV pages loaded from the CPU tier."),
+            "offloaded_bytes": counter("kv_offloaded_bytes", "Bytes copied to the CPU tier."),
+            "loaded_bytes": counter("kv_loaded_bytes", "Bytes loaded from the CPU tier."),
+            "leased_evicted_blocks": counter(
+                "kv_leased_evicted_blocks", "Leased KV pages reused before their lease ended."
+            ),
+        }
+        self.tier_gauges = {
+            "leased_blocks": gauge("kv_leased_blocks", "Free GPU KV pages kept by a lease."),
+            "leased_cpu_pages": gauge("kv_leased_cpu_pages", "CPU tier pages kept by a lease."),
+            "sessions": gauge("kv_sessions", "Session keys with a live lease."),
+            "cpu_pages_used": gauge("kv_cpu_pages_used", "CPU tier pages holding a prefix."),
+        }
         self.spec_counters = {
             "num_drafts": counter("spec_decode_num_drafts", "Verify steps with drafts."),
             "num_draft_tokens": counter("spec_decode_num_draft_tokens", "Draft tokens."),
@@ -167,6 +185,12 @@ class PrometheusStatLogger(StatLogger):
             ("num_preemptions", self.preemptions),
         ):
             self._advance(name, getattr(s, name), counter)
+        tiers = s.kv_tiers
+        if tiers is not None:
+            for name, counter in self.tier_counters.items():
+                self._advance(f"tier_{name}", getattr(tiers, name), counter)
+            for name, gauge in self.tier_gauges.items():
+                gauge.set(getattr(tiers, name))
         spec = s.spec_decoding
         if spec is not None:
             for name, counter in self.spec_counters.items():

@@ -30,6 +30,7 @@ from inferengine.sampling_params import SamplingParams
 from inferengine.spec_decode.draft_model import DraftModelProposer, DraftRequest
 from inferengine.worker.cuda_graphs import CudaGraphRunner, GraphShape
 from inferengine.worker.input_batch import InputBuffers, StepLayout
+from inferengine.worker.kv_offload import HostKVTier
 from inferengine.worker.pending_step import PendingStep, SpecResult
 
 
@@ -101,6 +102,7 @@ class ModelRunner:
         # Hidden states at the last step's sampling positions, for model proposers.
         self._last_hidden: torch.Tensor | None = None
         self.drafter: DraftModelProposer | None = None  # set by the worker for draft_model
+        self.host_tier: HostKVTier | None = None  # the CPU tier, set by the worker
 
     # ---- state -------------------------------------------------------------------------
 
@@ -241,6 +243,8 @@ class ModelRunner:
         A decode whose previous token is still on its way takes it straight from the device.
         """
         self._update_states(so)
+        if self.host_tier is not None:
+            self.host_tier.copy(self.kv_caches, so.kv_offloads, so.kv_loads)
         if so.is_empty:
             return PendingStep(ModelRunnerOutput([], []), [], [], None, self.buffers.token_ids)
         self._resolve_if_history_needed(so)

@@ -15,6 +15,7 @@ from inferengine.model.loader.loader import TORCH_DTYPES, load_model
 from inferengine.spec_decode.draft_model import DraftModelProposer
 from inferengine.worker import kv_memory
 from inferengine.worker.cuda_graphs import default_capture_sizes, default_mixed_sizes
+from inferengine.worker.kv_offload import HostKVTier
 from inferengine.worker.model_runner import ModelRunner
 from inferengine.worker.profile_run import profile_run
 
@@ -82,10 +83,20 @@ class Worker:
         override = self.config.cache_config.num_gpu_blocks_override
         return override if override else n
 
-    def initialize_cache(self, num_blocks: int) -> None:
+    def determine_num_host_blocks(self) -> tuple[int, int]:
+        """Pages of the CPU tier this rank's share of --kv-offloading-size holds, and the
+        bytes of one of its pages."""
+        gib = self.config.cache_config.kv_offloading_size or 0.0
+        page_bytes = kv_memory.kv_block_bytes(self.config, self.dtype)
+        share = gib * 2**30 / self.config.parallel_config.world_size
+        return int(share // page_bytes), page_bytes
+
+    def initialize_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
         self.runner.kv_caches = kv_memory.allocate_kv_caches(
             self.config, num_blocks, self.dtype, self.device
         )
+        if num_host_blocks:
+            self.runner.host_tier = HostKVTier(self.runner.kv_caches, num_host_blocks)
         if self.runner.drafter is not None:
             self.runner.drafter.kv_caches = kv_memory.allocate_kv_caches(
                 self.config, num_blocks, self.dtype, self.device, self.draft_config

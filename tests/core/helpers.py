@@ -51,9 +51,13 @@ def make_scheduler(
     long_prefill_token_threshold: int = 0,
     policy: str = "fcfs",
     enable_prefix_caching: bool = True,
+    num_host_blocks: int = 0,
 ) -> Scheduler:
     cache = CacheConfig(
-        block_size=block_size, enable_prefix_caching=enable_prefix_caching, num_blocks=num_blocks
+        block_size=block_size,
+        enable_prefix_caching=enable_prefix_caching,
+        num_blocks=num_blocks,
+        num_host_blocks=num_host_blocks,
     )
     sched = SchedulerConfig(
         max_num_seqs=max_num_seqs,
