@@ -35,6 +35,14 @@ class Executor(Protocol):
 
     def propose_drafts(self, wanted: dict[str, tuple[int, list[int]]]) -> dict[str, list[int]]: ...
 
+    def read_kv_pages(self, locations: list[tuple[str, int]]) -> list:
+        """Host copies of KV pages, ("gpu", page) or ("host", slot) each (KV transfer)."""
+        ...
+
+    def write_host_pages(self, slots: list[int], pages: list) -> None:
+        """Fill CPU tier slots with imported pages (KV transfer)."""
+        ...
+
     def check_health(self) -> None:
         """Raise `EngineDeadError` if a worker is gone."""
         ...

@@ -232,6 +232,12 @@ class MultiprocExecutor:
         seq = self._broadcast("propose_drafts", wanted)
         return _decode_any(self._wait(seq, [self.output_rank])[self.output_rank])
 
+    def read_kv_pages(self, locations: list[tuple[str, int]]) -> list:
+        raise ConfigError("KV export works on one-rank engines only so far.")
+
+    def write_host_pages(self, slots: list[int], pages: list) -> None:
+        raise ConfigError("KV import works on one-rank engines only so far.")
+
     @property
     def attention_backend_name(self) -> str:
         return self.infos[self.output_rank]["attention_backend"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from inferengine.config import EngineConfig
 from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from inferengine.worker.kv_offload import read_pages
 from inferengine.worker.pending_step import PendingStep
 from inferengine.worker.worker import Worker
 
@@ -26,6 +27,14 @@ class UniprocExecutor:
 
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> PendingStep:
         return self.worker.runner.execute_model_async(scheduler_output)
+
+    def read_kv_pages(self, locations: list[tuple[str, int]]) -> list:
+        runner = self.worker.runner
+        return read_pages(runner.kv_caches, runner.host_tier, locations)
+
+    def write_host_pages(self, slots: list[int], pages: list) -> None:
+        assert self.worker.runner.host_tier is not None
+        self.worker.runner.host_tier.write(slots, pages)
 
     def check_health(self) -> None:
         pass

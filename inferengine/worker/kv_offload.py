@@ -48,6 +48,14 @@ class HostKVTier:
             self._copy(kv_caches, offloads, loads)
         main.wait_stream(self.stream)
 
+    def write(self, slots: list[int], pages: list[torch.Tensor]) -> None:
+        """Fill `slots` with imported pages (one tensor per KV cache tensor)."""
+        if self.stream is not None:
+            torch.cuda.synchronize(self.device)  # no copy of an earlier step still reads them
+        index = torch.tensor(slots)
+        for host, part in zip(self.host, pages, strict=True):
+            host.index_copy_(1, index, part.to(host.dtype))
+
     def _copy(self, kv_caches, offloads, loads) -> None:
         dev = self.device
         if offloads:
@@ -61,3 +69,20 @@ class HostKVTier:
             for cache, host in zip(kv_caches, self.host, strict=True):
                 part = host.index_select(1, slots)
                 cache.index_copy_(1, pages, part.to(dev, non_blocking=part.is_pinned()))
+
+
+def read_pages(
+    kv_caches: list[torch.Tensor], tier: HostKVTier | None, locations: list[tuple[str, int]]
+) -> list[torch.Tensor]:
+    """Host copies of pages at `locations` (("gpu", page) or ("host", slot)), in that order:
+    one `[2, len(locations), ...]` tensor per KV cache tensor."""
+    if kv_caches[0].is_cuda:
+        torch.cuda.synchronize(kv_caches[0].device)
+    out = []
+    for i, cache in enumerate(kv_caches):
+        parts = []
+        for where, index in locations:
+            source = cache if where == "gpu" else tier.host[i]  # type: ignore[union-attr]
+            parts.append(source[:, index].to("cpu"))
+        out.append(torch.stack(parts, dim=1))
+    return out
