@@ -9,6 +9,7 @@ the CPU tier before dropping them.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from inferengine.errors import InvalidRequestError
 
@@ -23,18 +24,42 @@ def parse_retention(value: str | None, field: str = "prompt_cache_retention") ->
         return None
     if not isinstance(value, str):
         raise InvalidRequestError(
-            f'{field} must be a string: "in_memory" or a duration such as "600s", "1h".'
+            f'{field} must be a string: "in_memory" or a duration such as "600s", "1h".',
+            param=field,
         )
     match = _DURATION.match(value)
     if match is None:
         raise InvalidRequestError(
             f'{field} {value!r} is not understood: use "in_memory" or a positive duration '
-            'with a unit (ms, s, m, h, d), such as "600s", "5m", "1h" or "24h".'
+            'with a unit (ms, s, m, h, d), such as "600s", "5m", "1h" or "24h".',
+            param=field,
         )
     seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
     if seconds <= 0 or seconds > MAX_TTL_S:
         raise InvalidRequestError(
             f"{field} {value!r} is out of range: a lease lasts more than 0 s and at most "
-            f"{MAX_TTL_S / 86400:.0f} days."
+            f"{MAX_TTL_S / 86400:.0f} days.",
+            param=field,
         )
     return seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """What one request asks the KV cache to keep; it becomes `EngineCoreRequest.cache_key`,
+    `cache_ttl_s` and `cache_breakpoints`."""
+
+    key: str | None = None  # the session's name (OpenAI's `prompt_cache_key`)
+    ttl_s: float | None = None  # a lease on every page of the request; None: plain LRU
+    # (number of leading prompt tokens, lease in seconds), by token count
+    breakpoints: tuple[tuple[int, float], ...] = ()
+
+    @classmethod
+    def parse(cls, key: str | None, retention: str | None) -> Retention:
+        """OpenAI's `prompt_cache_key` and `prompt_cache_retention`, checked."""
+        if key is not None and not isinstance(key, str):
+            raise InvalidRequestError(
+                f"prompt_cache_key must be a string, got {type(key).__name__}.",
+                param="prompt_cache_key",
+            )
+        return cls(key=key, ttl_s=parse_retention(retention, "prompt_cache_retention"))

@@ -13,6 +13,8 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
+import msgspec
+
 from inferengine.config import EngineConfig
 from inferengine.core.engine_io import SchedulerStats, SpecDecodingStats
 from inferengine.engine.core_client import AsyncMPClient
@@ -23,6 +25,7 @@ from inferengine.errors import EngineDeadError, InvalidRequestError, OverloadedE
 from inferengine.logger import init_logger
 from inferengine.metrics.stats import IterationStats, StatLogger, ThroughputWindow
 from inferengine.outputs import RequestOutput
+from inferengine.retention import Retention
 from inferengine.sampling_params import RequestOutputKind, SamplingParams
 
 logger = init_logger(__name__)
@@ -136,6 +139,7 @@ class AsyncLLM:
         request_id: str,
         priority: int = 0,
         cache_salt: str | None = None,
+        retention: Retention | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Stream outputs of one request; leaving the loop early aborts it in the engine."""
         if not self.is_running:
@@ -154,6 +158,7 @@ class AsyncLLM:
             params,
             priority,
             cache_salt,
+            retention,
         )
         self.collectors[request_id] = collector
         self.children[request_id] = [r.request_id for r in core_requests]
@@ -244,6 +249,7 @@ class AsyncLLM:
             if s.prefix_cache_queries
             else 0.0,
             "num_preemptions": s.num_preemptions,
+            "kv_tiers": msgspec.to_builtins(s.kv_tiers) if s.kv_tiers is not None else None,
             "spec_decoding": _spec_stats(s.spec_decoding),
             "prompt_tokens_per_s": round(prompt_rate, 3),
             "generation_tokens_per_s": round(generation_rate, 3),
@@ -253,8 +259,6 @@ class AsyncLLM:
         """Ask the core for fresh scheduler stats (they otherwise arrive with outputs)."""
         if self.is_running:
             raw = await self.client.call_utility("get_stats")
-            import msgspec
-
             self.scheduler_stats = msgspec.convert(raw, SchedulerStats)
 
     async def reset_prefix_cache(self) -> bool:

@@ -8,6 +8,7 @@ from typing import Any
 from inferengine.config import ModelConfig
 from inferengine.core.engine_io import EngineCoreRequest
 from inferengine.errors import InvalidRequestError, ModelLoadError
+from inferengine.retention import Retention
 from inferengine.sampling_params import SamplingParams
 
 # A prompt: text, token ids, or a dict with "prompt" or "prompt_token_ids".
@@ -132,8 +133,16 @@ class InputProcessor:
         arrival_time: float | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        retention: Retention | None = None,
     ) -> EngineCoreRequest:
         self.validate(prompt_token_ids, params, priority)
+        retention = retention or Retention()
+        for num_tokens, _ in retention.breakpoints:
+            if not 0 < num_tokens <= len(prompt_token_ids):
+                raise InvalidRequestError(
+                    f"a cache breakpoint covers {num_tokens} tokens of a "
+                    f"{len(prompt_token_ids)}-token prompt; it must cover 1 to all of them."
+                )
         if self.extra_stop_token_ids and not params.ignore_eos:
             params.extra_stop_token_ids = list(self.extra_stop_token_ids)
         return EngineCoreRequest(
@@ -144,4 +153,7 @@ class InputProcessor:
             arrival_time=arrival_time or time.time(),
             priority=priority,
             cache_salt=cache_salt,
+            cache_key=retention.key,
+            cache_ttl_s=retention.ttl_s,
+            cache_breakpoints=list(retention.breakpoints),
         )

@@ -15,6 +15,7 @@ from inferengine.engine.input_processor import InputProcessor, PromptType, load_
 from inferengine.engine.output_processor import OutputProcessor, ParentRequest
 from inferengine.errors import ConfigError
 from inferengine.outputs import RequestOutput
+from inferengine.retention import Retention
 from inferengine.sampling_params import SamplingParams
 
 
@@ -36,6 +37,7 @@ def fan_out(
     params: SamplingParams,
     priority: int = 0,
     cache_salt: str | None = None,
+    retention: Retention | None = None,
 ) -> list[EngineCoreRequest]:
     """The engine-core requests of one user request (one per sample of `n`), each validated
     before any is registered with the output processor; returns them to be sent."""
@@ -47,6 +49,7 @@ def fan_out(
             child_params(params, index) if parent else params,
             priority=priority,
             cache_salt=cache_salt,
+            retention=retention,
         )
         for index in range(params.n)
     ]
@@ -89,6 +92,7 @@ class LLMEngine:
         params: SamplingParams,
         priority: int = 0,
         cache_salt: str | None = None,
+        retention: Retention | None = None,
     ) -> None:
         text, token_ids = self.input_processor.tokenize(prompt)
         for request in fan_out(
@@ -100,6 +104,7 @@ class LLMEngine:
             params,
             priority,
             cache_salt,
+            retention,
         ):
             self.core.add_request(request)
 

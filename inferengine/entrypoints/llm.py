@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Sequence
@@ -9,9 +10,12 @@ from typing import Any
 
 from inferengine.engine.arg_utils import DEFAULT_MODEL, EngineArgs
 from inferengine.engine.input_processor import PromptType
+from inferengine.engine.kv_transfer import KVBundle, export_prefix, import_prefix
 from inferengine.engine.llm_engine import LLMEngine
+from inferengine.entrypoints.cache_breakpoints import cache_breakpoints, take_cache_control
 from inferengine.errors import InvalidRequestError
 from inferengine.outputs import RequestOutput
+from inferengine.retention import Retention
 from inferengine.sampling_params import RequestOutputKind, SamplingParams
 
 Conversation = list[dict[str, Any]]
@@ -55,19 +59,38 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
 
+    def export_kv(self, prompt_token_ids: list[int], cache_salt: str | None = None) -> KVBundle:
+        """The KV pages of the longest cached prefix of `prompt_token_ids` (full pages, from
+        the GPU pool or the CPU tier), for another engine's `import_kv`."""
+        return export_prefix(self.llm_engine.core, prompt_token_ids, cache_salt)
+
+    def import_kv(self, bundle: KVBundle) -> int:
+        """Put exported pages into this engine's CPU tier (`kv_offloading_size`), where a
+        prompt with that prefix loads them; returns how many pages were new here."""
+        return import_prefix(self.llm_engine.core, bundle)
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: list[int] | None = None,
+        *,
+        prompt_cache_key: str | None = None,
+        prompt_cache_retention: str | None = None,
     ) -> list[RequestOutput]:
-        """One `RequestOutput` per prompt, in the order given."""
+        """One `RequestOutput` per prompt, in the order given.
+
+        `prompt_cache_key` names the session and `prompt_cache_retention` ("in_memory", or a
+        duration such as "1h") says how long every prompt's KV pages outlive the call.
+        """
+        retention = Retention.parse(prompt_cache_key, prompt_cache_retention)
         prompt_list = _as_prompt_list(prompts)
         params_list = _as_params_list(sampling_params, len(prompt_list))
         if priority is not None and len(priority) != len(prompt_list):
             raise InvalidRequestError("priority must have one entry per prompt.")
-        return self._run(prompt_list, params_list, use_tqdm, priority)
+        retentions = [retention] * len(prompt_list)
+        return self._run(prompt_list, params_list, use_tqdm, priority, retentions)
 
     def chat(
         self,
@@ -76,21 +99,37 @@ class LLM:
         use_tqdm: bool = True,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
+        *,
+        prompt_cache_key: str | None = None,
+        prompt_cache_retention: str | None = None,
         **template_kwargs: Any,
     ) -> list[RequestOutput]:
-        """Generate replies to conversations, each formatted with the model's chat template."""
+        """Generate replies to conversations, each formatted with the model's chat template.
+
+        The session arguments are `generate`'s. A message (or one of its content parts) with
+        Anthropic's `"cache_control": {"type": "ephemeral", "ttl": "5m" | "1h"}` leases the
+        prompt prefix that ends with it.
+        """
+        retention = Retention.parse(prompt_cache_key, prompt_cache_retention)
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         processor = self.llm_engine.input_processor
-        prompts = [
-            processor.chat_prompt(
-                list(conv),
-                add_generation_prompt=add_generation_prompt,
-                chat_template=chat_template,
-                **template_kwargs,
+        kwargs = dict(
+            template_kwargs,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=chat_template,
+        )
+        prompts: list[PromptType] = []
+        retentions = []
+        for conv in conversations:
+            conv, leases = take_cache_control(conv)
+            prompt = processor.chat_prompt(conv, **kwargs)
+            prompts.append(prompt)
+            breakpoints = cache_breakpoints(
+                processor, conv, leases, prompt["prompt_token_ids"], kwargs
             )
-            for conv in conversations
-        ]
-        return self.generate(prompts, sampling_params, use_tqdm)
+            retentions.append(dataclasses.replace(retention, breakpoints=tuple(breakpoints)))
+        params_list = _as_params_list(sampling_params, len(prompts))
+        return self._run(prompts, params_list, use_tqdm, None, retentions)
 
     def _run(
         self,
@@ -98,6 +137,7 @@ class LLM:
         params: list[SamplingParams],
         use_tqdm: bool,
         priority: list[int] | None,
+        retentions: list[Retention],
     ) -> list[RequestOutput]:
         engine = self.llm_engine
         # Tokenize and check everything first, so a bad prompt fails before any request starts.
@@ -111,7 +151,13 @@ class LLM:
             p = p.clone()
             p.output_kind = RequestOutputKind.FINAL_ONLY
             request_id = str(next(self._ids))
-            engine.add_request(request_id, prompt, p, priority=priority[i] if priority else 0)
+            engine.add_request(
+                request_id,
+                prompt,
+                p,
+                priority=priority[i] if priority else 0,
+                retention=retentions[i],
+            )
             request_ids.append(request_id)
         results: dict[str, RequestOutput] = {}
         bar = _progress_bar(len(prompts)) if use_tqdm and len(prompts) > 1 else None

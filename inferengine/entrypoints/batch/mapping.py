@@ -31,6 +31,7 @@ from inferengine.entrypoints.openai.serving_chat import ServingChat
 from inferengine.entrypoints.openai.serving_completions import Prompt, ServingCompletion
 from inferengine.entrypoints.openai.serving_engine import random_id
 from inferengine.errors import ConfigError, InferEngineError, InvalidRequestError
+from inferengine.retention import Retention
 from inferengine.sampling_params import SamplingParams
 
 COMPLETIONS_URL = "/v1/completions"
@@ -74,6 +75,7 @@ class Job:
     request_id: str
     prompts: list[Any]  # completions: `Prompt`s; chat: one engine input dict
     params: list[SamplingParams]
+    retention: Retention
     num_top: int | None = None
     remaining: int = 0  # engine requests not finished yet
     finals: list[Any] = field(default_factory=list)  # each prompt's final RequestOutput
@@ -118,16 +120,16 @@ class RowMapper:
             url, body = self._plain_body(row.data)
         if url == COMPLETIONS_URL:
             req = CompletionRequest.model_validate(body)
-            prompts, params = self.completions.prepare(req)
+            prompts, params, retention = self.completions.prepare(req)
             if self.fmt != "openai" and (len(prompts) != 1 or req.n != 1):
                 raise RowError("a plain row takes one prompt and n = 1; use the OpenAI format.")
-            job = Job(row, req, random_id("cmpl"), prompts, params)
+            job = Job(row, req, random_id("cmpl"), prompts, params, retention)
         else:
             req = ChatCompletionRequest.model_validate(body)
-            prompt, sampling, num_top = self.chat.prepare(req)
+            prompt, sampling, num_top, retention = self.chat.prepare(req)
             if self.fmt != "openai" and req.n != 1:
                 raise RowError("a plain row takes n = 1; use the OpenAI format.")
-            job = Job(row, req, random_id("chatcmpl"), [prompt], [sampling])
+            job = Job(row, req, random_id("chatcmpl"), [prompt], [sampling], retention)
             job.num_top = num_top
         job.finals = [None] * len(job.prompts)
         return job

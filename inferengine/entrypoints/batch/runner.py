@@ -187,6 +187,7 @@ class BatchRunner:
                     params,
                     priority=job.req.priority,
                     cache_salt=job.req.cache_salt,
+                    retention=job.retention,
                 )
                 added.append(request_id)
                 self._requests[request_id] = (job, i)

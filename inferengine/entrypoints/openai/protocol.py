@@ -106,9 +106,24 @@ class SamplingFields(_Model):
     spaces_between_special_tokens: bool = True
     priority: int = 0
     cache_salt: str | None = None
+    # Sessions (`inferengine/retention.py`): OpenAI's name for the conversation, and how long
+    # its KV pages outlive the request: "in_memory" (plain LRU) or a duration such as "1h".
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+
+    @field_validator("prompt_cache_retention", mode="wrap")
+    @classmethod
+    def _retention_shape(cls, value: Any, handler: Any) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError(
+                'prompt_cache_retention must be a string: "in_memory" or a duration such as '
+                '"600s", "1h" or "24h"'
+            ) from None
 
 
 class CompletionRequest(SamplingFields):
@@ -134,6 +149,9 @@ class CompletionRequest(SamplingFields):
 
 
 class ChatMessage(_Model):
+    """A message; each content part is kept whole, so Anthropic's `cache_control` on a part (or
+    on the message) reaches `entrypoints/cache_breakpoints.py`."""
+
     model_config = ConfigDict(extra="allow")
     role: str
     content: str | list[dict[str, Any]] | None = None

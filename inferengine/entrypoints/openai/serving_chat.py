@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
+from inferengine.entrypoints.cache_breakpoints import cache_breakpoints, take_cache_control
 from inferengine.entrypoints.openai.errors import stream_error_event
 from inferengine.entrypoints.openai.protocol import (
     ChatChoice,
@@ -37,15 +39,17 @@ from inferengine.entrypoints.openai.streaming import (
 )
 from inferengine.errors import InvalidRequestError
 from inferengine.outputs import CompletionOutput, RequestOutput
+from inferengine.retention import Retention
 from inferengine.sampling_params import RequestOutputKind, SamplingParams
 
 
-def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as the chat template wants them; content parts other than text are refused."""
+def message_dicts(messages: list[ChatMessage]) -> tuple[list[dict[str, Any]], dict[int, float]]:
+    """Messages as the chat template wants them (content parts other than text refused, text
+    parts joined), and the lease in seconds of each message marked with `cache_control`."""
+    dicts, leases = take_cache_control([m.model_dump(exclude_none=True) for m in messages])
     out = []
-    for message in messages:
-        item = message.model_dump(exclude_none=True)
-        content = message.content
+    for item in dicts:
+        content = item.get("content")
         if isinstance(content, list):
             texts = []
             for part in content:
@@ -58,7 +62,7 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 texts.append(part["text"])
             item["content"] = "\n".join(texts)
         out.append(item)
-    return out
+    return out, leases
 
 
 def chat_template_kwargs(req: Any) -> dict[str, Any]:
@@ -79,10 +83,10 @@ class ServingChat(OpenAIServing):
     async def create(
         self, req: ChatCompletionRequest, raw: Request
     ) -> Response | ChatCompletionResponse:
-        prompt, params, num_top = self.prepare(req)
+        prompt, params, num_top, retention = self.prepare(req)
         num_prompt = len(prompt["prompt_token_ids"])
         request_id = random_id("chatcmpl")
-        streams = await self.start(request_id, [prompt], [params], req)
+        streams = await self.start(request_id, [prompt], [params], req, retention)
         if req.stream:
             return SSEResponse(self._stream(request_id, req, num_prompt, num_top, streams[0]))
         return await unless_disconnected(
@@ -91,15 +95,23 @@ class ServingChat(OpenAIServing):
 
     def prepare(
         self, req: ChatCompletionRequest
-    ) -> tuple[dict[str, Any], SamplingParams, int | None]:
-        """Check the request; its templated prompt, `SamplingParams` and number of top logprobs
-        (None: no logprobs). Also used by run-batch."""
+    ) -> tuple[dict[str, Any], SamplingParams, int | None, Retention]:
+        """Check the request; its templated prompt, `SamplingParams`, number of top logprobs
+        (None: no logprobs) and `Retention` (with the breakpoints of its `cache_control` marks).
+        Also used by run-batch."""
         self.check_model(req.model)
         self.check_fields(req)
         self._check_unsupported(req)
-        prompt = self.engine.input_processor.chat_prompt(
-            message_dicts(req.messages), **chat_template_kwargs(req)
-        )
+        retention = self.retention(req)
+        messages, leases = message_dicts(req.messages)
+        template_kwargs = chat_template_kwargs(req)
+        processor = self.engine.input_processor
+        prompt = processor.chat_prompt(messages, **template_kwargs)
+        if leases:
+            breakpoints = cache_breakpoints(
+                processor, messages, leases, prompt["prompt_token_ids"], template_kwargs
+            )
+            retention = dataclasses.replace(retention, breakpoints=tuple(breakpoints))
         num_prompt = len(prompt["prompt_token_ids"])
         requested = req.max_completion_tokens or req.max_tokens
         max_tokens = self.resolve_max_tokens(requested, num_prompt, None, "messages")
@@ -108,7 +120,7 @@ class ServingChat(OpenAIServing):
             num_top = req.top_logprobs or 0
         kind = RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY
         params = self.sampling_params(req, max_tokens, kind, logprobs=num_top)
-        return prompt, params, num_top
+        return prompt, params, num_top, retention
 
     @staticmethod
     def _check_unsupported(req: ChatCompletionRequest) -> None:

@@ -32,6 +32,7 @@ from inferengine.entrypoints.openai.streaming import (
 )
 from inferengine.errors import InvalidRequestError
 from inferengine.outputs import CompletionOutput, RequestOutput
+from inferengine.retention import Retention
 from inferengine.sampling_params import RequestOutputKind, SamplingParams
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for the legacy completions endpoint
@@ -50,17 +51,22 @@ class Prompt:
 
 class ServingCompletion(OpenAIServing):
     async def create(self, req: CompletionRequest, raw: Request) -> Response | CompletionResponse:
-        prompts, params = self.prepare(req)
+        prompts, params, retention = self.prepare(req)
         request_id = random_id("cmpl")
-        streams = await self.start(request_id, [p.engine_input() for p in prompts], params, req)
+        inputs = [p.engine_input() for p in prompts]
+        streams = await self.start(request_id, inputs, params, req, retention)
         if req.stream:
             return SSEResponse(self._stream(request_id, req, prompts, streams))
         return await unless_disconnected(raw, self._full(request_id, req, prompts, streams))
 
-    def prepare(self, req: CompletionRequest) -> tuple[list[Prompt], list[SamplingParams]]:
-        """Check the request; its prompts and one `SamplingParams` each (also used by run-batch)."""
+    def prepare(
+        self, req: CompletionRequest
+    ) -> tuple[list[Prompt], list[SamplingParams], Retention]:
+        """Check the request; its prompts, one `SamplingParams` each and the `Retention` of all
+        (also used by run-batch)."""
         self.check_model(req.model)
         self.check_fields(req)
+        retention = self.retention(req)
         if req.suffix is not None:
             raise InvalidRequestError("suffix is not supported.", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
@@ -80,7 +86,7 @@ class ServingCompletion(OpenAIServing):
             )
             for p in prompts
         ]
-        return prompts, params
+        return prompts, params, retention
 
     def _prompts(self, req: CompletionRequest) -> list[Prompt]:
         raw = req.prompt

@@ -22,6 +22,7 @@ from inferengine.entrypoints.openai.streaming import EngineStream, start_streams
 from inferengine.errors import InvalidRequestError, ModelNotFoundError
 from inferengine.logger import init_logger
 from inferengine.outputs import PositionLogprobs, RequestOutput
+from inferengine.retention import Retention
 from inferengine.sampling_params import RequestOutputKind, SamplingParams
 
 logger = init_logger(__name__)
@@ -169,6 +170,11 @@ class OpenAIServing:
             **picked,
         )
 
+    @staticmethod
+    def retention(req: SamplingFields) -> Retention:
+        """The request's `prompt_cache_key` and `prompt_cache_retention`, checked."""
+        return Retention.parse(req.prompt_cache_key, req.prompt_cache_retention)
+
     # ---- engine streams --------------------------------------------------------------------
 
     async def start(
@@ -177,8 +183,10 @@ class OpenAIServing:
         prompts: Sequence[dict[str, Any]],
         params: Sequence[SamplingParams],
         req: SamplingFields,
+        retention: Retention | None = None,
     ) -> list[EngineStream]:
-        """Submit one engine request per prompt; refused requests raise before anything is sent."""
+        """Submit one engine request per prompt, all with `retention`; refused requests raise
+        before anything is sent."""
         gens: list[AsyncGenerator[RequestOutput, None]] = []
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             sub_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
@@ -191,7 +199,12 @@ class OpenAIServing:
                 )
             gens.append(
                 self.engine.generate(
-                    prompt, p, sub_id, priority=req.priority, cache_salt=req.cache_salt
+                    prompt,
+                    p,
+                    sub_id,
+                    priority=req.priority,
+                    cache_salt=req.cache_salt,
+                    retention=retention,
                 )
             )
         return await start_streams(gens)

@@ -45,9 +45,8 @@ class ServingTokens(OpenAIServing):
         if (req.prompt is None) == (req.messages is None):
             raise InvalidRequestError("send exactly one of prompt or messages.", param="prompt")
         if req.messages is not None:
-            prompt = self.engine.input_processor.chat_prompt(
-                message_dicts(req.messages), **chat_template_kwargs(req)
-            )
+            messages, _ = message_dicts(req.messages)  # cache_control marks change no token
+            prompt = self.engine.input_processor.chat_prompt(messages, **chat_template_kwargs(req))
             ids = prompt["prompt_token_ids"]
         else:
             assert req.prompt is not None
@@ -87,7 +86,7 @@ class ServingTokens(OpenAIServing):
         params = self.sampling_params(req, max_tokens, kind, logprobs=req.logprobs)
         request_id = random_id("gen")
         prompt = {"prompt": req.prompt, "prompt_token_ids": ids}
-        stream = (await self.start(request_id, [prompt], [params], req))[0]
+        stream = (await self.start(request_id, [prompt], [params], req, self.retention(req)))[0]
         if req.stream:
             return SSEResponse(self._stream(request_id, req, ids, stream))
         return await unless_disconnected(raw, self._full(request_id, ids, stream))
