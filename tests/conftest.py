@@ -175,3 +175,17 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
         past = out.past_key_values
         next_token = int(out.logits[0, -1].argmax())
     return tokens
+
+
+def spy_core_requests(llm, monkeypatch) -> list:
+    """The `EngineCoreRequest`s `llm` hands its engine core from now on."""
+    requests: list = []
+    core = llm.llm_engine.core
+    add_request = core.add_request
+
+    def spy(request) -> None:
+        requests.append(request)
+        add_request(request)
+
+    monkeypatch.setattr(core, "add_request", spy)
+    return requests

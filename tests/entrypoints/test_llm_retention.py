@@ -7,6 +7,7 @@ import pytest
 from inferengine import LLM, SamplingParams
 from inferengine.core.engine_io import EngineCoreRequest
 from inferengine.errors import InvalidRequestError
+from tests.conftest import spy_core_requests
 
 HOUR = {"type": "ephemeral", "ttl": "1h"}
 
@@ -19,16 +20,7 @@ def llm(tiny_checkpoint):
 @pytest.fixture
 def sent(llm, monkeypatch) -> list[EngineCoreRequest]:
     """The requests `llm` hands its engine core."""
-    requests: list[EngineCoreRequest] = []
-    core = llm.llm_engine.core
-    add_request = core.add_request
-
-    def spy(request: EngineCoreRequest) -> None:
-        requests.append(request)
-        add_request(request)
-
-    monkeypatch.setattr(core, "add_request", spy)
-    return requests
+    return spy_core_requests(llm, monkeypatch)
 
 
 def test_generate_retention_reaches_every_core_request(llm, sent):

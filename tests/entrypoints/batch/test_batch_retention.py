@@ -5,21 +5,13 @@ from __future__ import annotations
 import pytest
 
 from inferengine.core.engine_io import EngineCoreRequest
+from tests.conftest import spy_core_requests
 from tests.entrypoints.batch.helpers import openai_line, read_jsonl, run, write_jsonl
 
 
 @pytest.fixture
 def sent(batch_llm, monkeypatch) -> list[EngineCoreRequest]:
-    requests: list[EngineCoreRequest] = []
-    core = batch_llm.llm_engine.core
-    add_request = core.add_request
-
-    def spy(request: EngineCoreRequest) -> None:
-        requests.append(request)
-        add_request(request)
-
-    monkeypatch.setattr(core, "add_request", spy)
-    return requests
+    return spy_core_requests(batch_llm, monkeypatch)
 
 
 def test_rows_carry_their_retention(batch_llm, sent, tmp_path):
