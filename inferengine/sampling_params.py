@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from inferengine.errors import InvalidRequestError
+from inferengine.structured_output.params import StructuredOutputsParams
 
 _GREEDY_EPS = 1e-5
 
@@ -45,6 +46,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled by the engine: stop token ids from the model's generation config (besides EOS).
     extra_stop_token_ids: list[int] = field(default_factory=list)
 

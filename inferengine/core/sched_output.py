@@ -45,6 +45,10 @@ class SchedulerOutput:
     # (host slot, GPU page) loads.
     kv_offloads: list[tuple[int, int]] = field(default_factory=list)
     kv_loads: list[tuple[int, int]] = field(default_factory=list)
+    # Structured output: the sampling requests under a grammar, and their allowed tokens
+    # packed 32 per int32 word (row-major, one row per request, in this order).
+    grammar_req_ids: list[str] = field(default_factory=list)
+    grammar_bitmask: bytes = b""
 
     @property
     def is_empty(self) -> bool:

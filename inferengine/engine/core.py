@@ -21,6 +21,7 @@ from inferengine.executor.base import make_executor
 from inferengine.logger import init_logger
 from inferengine.spec_decode import make_token_proposer
 from inferengine.spec_decode.draft_policy import DraftLengthPolicy
+from inferengine.structured_output.manager import StructuredOutputManager
 
 if TYPE_CHECKING:
     from inferengine.executor.base import StepHandle
@@ -70,6 +71,9 @@ class EngineCore:
             DraftLengthPolicy(self.spec.num_speculative_tokens) if self.spec is not None else None
         )
         self._speculate_next = self.spec is not None
+        self.structured = StructuredOutputManager(
+            config.model_config.tokenizer, config.model_config.vocab_size
+        )
         self._draft_share = 1.0  # running share of requests the proposer drafted for
         self._probe_step = 0
         self._last_completion = self._last_policy_log = time.perf_counter()
@@ -125,20 +129,22 @@ class EngineCore:
                 EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ABORT)
             )
             return
-        self.scheduler.add_request(
-            Request(
-                request_id=request.request_id,
-                prompt_token_ids=request.prompt_token_ids,
-                sampling_params=request.sampling_params,
-                eos_token_id=request.eos_token_id,
-                arrival_time=request.arrival_time or None,
-                priority=request.priority,
-                cache_salt=request.cache_salt,
-                cache_key=request.cache_key,
-                cache_ttl_s=request.cache_ttl_s,
-                cache_breakpoints=[tuple(b) for b in request.cache_breakpoints],
-            )
+        core_request = Request(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            sampling_params=request.sampling_params,
+            eos_token_id=request.eos_token_id,
+            arrival_time=request.arrival_time or None,
+            priority=request.priority,
+            cache_salt=request.cache_salt,
+            cache_key=request.cache_key,
+            cache_ttl_s=request.cache_ttl_s,
+            cache_breakpoints=[tuple(b) for b in request.cache_breakpoints],
         )
+        if request.sampling_params.structured_outputs is not None:
+            self.structured.submit(core_request)  # joins the scheduler once its matcher is built
+        else:
+            self.scheduler.add_request(core_request)
 
     def _validate(self, request: EngineCoreRequest) -> str | None:
         n = len(request.prompt_token_ids)
@@ -150,12 +156,14 @@ class EngineCore:
             return f"the prompt has {n} tokens, more than max_model_len ({max_len})."
         if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= vocab:
             return f"the prompt has token ids outside the vocabulary [0, {vocab})."
-        if request.request_id in self.scheduler.requests:
+        if request.request_id in self.scheduler.requests or request.request_id in self.structured:
             return f"request id {request.request_id!r} is already in use."
         return None
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        for req_id in request_ids:
+            self.structured.finish(req_id)
         if self.spec is not None:
             self._forget_finished()
 
@@ -166,6 +174,7 @@ class EngineCore:
             self.scheduler.has_unfinished_requests()
             or bool(self._pending_outputs)
             or bool(self._inflight)
+            or bool(self.structured.waiting)
         )
 
     def step(self) -> EngineCoreOutputs:
@@ -176,16 +185,24 @@ class EngineCore:
         Speculation needs each step's tokens before the next is scheduled (drafts continue
         them), so steps that speculate run one at a time; the first such step after others
         only collects the oldest step in flight and drafts."""
+        self._admit_grammars()
         speculate = self._speculate_now()
-        if speculate and self._inflight:
+        # A grammar's mask for the next token needs the token before it: one step at a time.
+        one_at_a_time = speculate or bool(self.structured.matchers)
+        if one_at_a_time and self._inflight:
             return self._finish_step(self._collect(speculate))
-        depth = 1 if speculate else self.depth
+        depth = 1 if one_at_a_time else self.depth
         launched_work = False
         timer = self.step_timer
         if len(self._inflight) < depth and self.scheduler.has_unfinished_requests():
             self.scheduler.pipeline_depth = depth if self.scheduler.pipelined else 1
             t0 = time.perf_counter()
             scheduler_output = self.scheduler.schedule()
+            if self.structured.matchers:
+                rows, mask = self.structured.bitmask(
+                    list(scheduler_output.num_scheduled_tokens), self.scheduler.requests
+                )
+                scheduler_output.grammar_req_ids, scheduler_output.grammar_bitmask = rows, mask
             t1 = time.perf_counter()
             pending = self.executor.execute_model_async(scheduler_output)
             self._inflight.append((scheduler_output, pending, speculate))
@@ -210,12 +227,45 @@ class EngineCore:
         runner_output = pending.resolve()
         t1 = time.perf_counter()
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        if self.structured.matchers:
+            self._advance_grammars(outputs)
         if self.spec is not None:
             self._forget_finished()
             self._plan_speculation(speculated, scheduler_output, runner_output)
         if self.step_timer is not None:
             self.step_timer.resolved(t1 - t0, time.perf_counter() - t1)
         return outputs
+
+    def _admit_grammars(self) -> None:
+        if not self.structured.waiting:
+            return
+        ready, failed = self.structured.take_ready()
+        for request in ready:
+            self.scheduler.add_request(request)
+        for req_id, error in failed.items():
+            self._pending_errors[req_id] = error
+            self._pending_outputs.append(
+                EngineCoreOutput(req_id, [], finish_reason=FinishReason.ABORT)
+            )
+
+    def _advance_grammars(self, outputs: EngineCoreOutputs) -> None:
+        """Feed the sampled tokens to the matchers; a grammar that is complete ends its
+        request (stop), one that refused a token (it cannot, unless masks and tokens went
+        apart) ends it with an error."""
+        for out in outputs.outputs:
+            took, complete = self.structured.accept(out.request_id, out.new_token_ids)
+            if out.finish_reason is None and complete:
+                status = RequestStatus.FINISHED_STOPPED if took else RequestStatus.FINISHED_ABORTED
+                (request,) = self.scheduler.finish_requests([out.request_id], status) or [None]
+                if request is not None:
+                    out.finish_reason = request.finish_reason
+                if not took:
+                    outputs.errors = {
+                        **outputs.errors,
+                        out.request_id: "the grammar refused a token",
+                    }
+            if out.finish_reason is not None:
+                self.structured.finish(out.request_id)
 
     def _finish_step(self, outputs: EngineCoreOutputs) -> EngineCoreOutputs:
         if self._pending_outputs:
@@ -321,6 +371,7 @@ class EngineCore:
                 or (p.seed is not None and not p.greedy)
                 or p.logprobs is not None
                 or p.uses_penalties
+                or p.structured_outputs is not None
                 or request.num_output_tokens < p.min_tokens
             ):
                 continue
@@ -357,4 +408,5 @@ class EngineCore:
         self.executor.check_health()
 
     def shutdown(self) -> None:
+        self.structured.shutdown()
         self.executor.shutdown()

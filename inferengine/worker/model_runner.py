@@ -29,6 +29,7 @@ from inferengine.sample.sampler import Sampler, SamplerOutput, gather_logprobs
 from inferengine.sampling_params import SamplingParams
 from inferengine.spec_decode.draft_model import DraftModelProposer, DraftRequest
 from inferengine.worker.cuda_graphs import CudaGraphRunner, GraphShape
+from inferengine.worker.grammar_mask import apply_grammar_bitmask
 from inferengine.worker.input_batch import InputBuffers, StepLayout
 from inferengine.worker.kv_offload import HostKVTier
 from inferengine.worker.pending_step import PendingStep, SpecResult
@@ -265,6 +266,8 @@ class ModelRunner:
             if self.drafter is not None:
                 self._last_hidden = sampled_hidden
             logits = self.model.compute_logits(sampled_hidden)
+            if so.grammar_req_ids:
+                apply_grammar_bitmask(logits, so, states, inputs.num_drafts)
             if any(inputs.num_drafts):
                 result, spec = self._verify_drafts(logits, states, inputs.num_drafts)
             else:

@@ -1,0 +1,65 @@
+"""Grammars from `StructuredOutputsParams`, through llguidance.
+
+Why llguidance (measured on the Qwen2.5 tokenizer, a nested JSON schema, 2 CPU cores, see the
+issue note): it compiles lazily (1 ms for the schema against xgrammar's 6 ms, and no step waits
+for a whole automaton), computes a token mask in 13 µs (median; xgrammar 3 µs, both far below
+a decode step), fills numpy bitmasks, so the engine core stays free of torch, and reads JSON
+schemas, regexes, choices, Lark and GBNF grammars (vLLM's `grammar` field) alike.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+from inferengine.errors import InvalidRequestError
+from inferengine.structured_output.params import StructuredOutputsParams
+
+
+def grammar_text(params: StructuredOutputsParams) -> str:
+    """The llguidance grammar for `params` (compact JSON: no whitespace between tokens)."""
+    return _grammar_text(*params.key, params.disable_any_whitespace)
+
+
+@lru_cache(maxsize=256)
+def _grammar_text(kind: str, text: str, compact: bool) -> str:
+    import llguidance
+
+    defaults = {"whitespace_flexible": not compact}
+    if kind == "json":
+        return llguidance.LLMatcher.grammar_from_json_schema(text, defaults=defaults)
+    if kind == "json_object":
+        schema = json.dumps({"type": "object"})
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=defaults)
+    if kind == "regex":
+        return llguidance.grammar_from("regex", text)
+    if kind == "choice":
+        return llguidance.grammar_from("choice", text)
+    return llguidance.grammar_from("gbnf" if "::=" in text else "lark", text)
+
+
+def check_grammar(params: StructuredOutputsParams, tokenizer: Any) -> None:
+    """Raise `InvalidRequestError` naming the problem if llguidance refuses the grammar;
+    `tokenizer` is an `llguidance.LLTokenizer` (or None to check the syntax only)."""
+    import llguidance
+
+    param = f"structured_outputs.{params.kind}"
+    try:
+        text = grammar_text(params)
+        error = llguidance.LLMatcher.validate_grammar(text, tokenizer)
+    except (ValueError, TypeError, RuntimeError) as e:
+        error = str(e)
+    if error:
+        raise InvalidRequestError(
+            f"the {params.kind} given for structured output is not usable: {error.strip()}",
+            param=param,
+        )
+
+
+def make_tokenizer(hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int]):
+    """llguidance's view of the tokenizer, over the model's whole vocabulary (logits width);
+    every id that ends a request counts as its end of text."""
+    import llguidance.hf
+
+    return llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=eos_token_ids)

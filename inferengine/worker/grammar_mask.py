@@ -1,0 +1,36 @@
+"""Structured output on the worker: the engine core's packed token bitmask, applied to the
+logits of the rows that sample under a grammar before any sampling (a disallowed token's logit
+becomes -inf), on the logits' device and without waiting for the host."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from inferengine.core.sched_output import SchedulerOutput
+
+if TYPE_CHECKING:
+    from inferengine.worker.model_runner import RequestState
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def apply_grammar_bitmask(
+    logits: torch.Tensor,
+    so: SchedulerOutput,
+    states: list[RequestState],
+    num_drafts: list[int],
+) -> None:
+    """Mask `logits` ([sum(1 + drafts_i), vocab], one block of rows per sampling state) in
+    place at the rows of `so.grammar_req_ids` (requests under a grammar never carry drafts)."""
+    first_row = np.cumsum([0, *(1 + d for d in num_drafts)])[:-1]
+    row_of = {s.req_id: int(first_row[i]) for i, s in enumerate(states)}
+    rows = [row_of[r] for r in so.grammar_req_ids]
+    words = np.frombuffer(so.grammar_bitmask, dtype=np.int32).reshape(len(rows), -1)
+    packed = torch.from_numpy(words.copy()).to(logits.device, non_blocking=True)
+    bits = _BITS.to(logits.device)
+    allowed = ((packed.unsqueeze(-1) >> bits) & 1).bool().flatten(1)[:, : logits.shape[-1]]
+    index = torch.tensor(rows, device=logits.device)
+    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))

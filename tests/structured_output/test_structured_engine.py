@@ -1,0 +1,115 @@
+"""Structured output through the engine (`LLM`, tiny random models: only the grammar can make
+the text valid): JSON schemas, regexes, choices and grammars hold for every sampled output,
+neighbours without a grammar are untouched, a bad grammar fails its request only, and the mask
+travels to worker processes (TP=2)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from inferengine import LLM, SamplingParams
+from inferengine.errors import InvalidRequestError
+from inferengine.structured_output.params import StructuredOutputsParams
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer"},
+        "kind": {"enum": ["cat", "dog"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
+    },
+    "required": ["name", "age", "kind", "tags"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_checkpoint):
+    return LLM(str(tiny_checkpoint("qwen3")), max_model_len=512)
+
+
+def _texts(llm, structured, n=50, max_tokens=160, seed=1, prompt="hello"):
+    params = SamplingParams(
+        temperature=1.0, max_tokens=max_tokens, n=n, seed=seed, structured_outputs=structured
+    )
+    (out,) = llm.generate([prompt], params, use_tqdm=False)
+    return [(c.text, c.finish_reason) for c in out.outputs]
+
+
+def test_every_finished_json_output_validates_against_its_schema(llm):
+    outputs = _texts(llm, StructuredOutputsParams(json=SCHEMA), n=100)
+    finished = [text for text, reason in outputs if reason == "stop"]
+    assert len(finished) >= 90
+    for text in finished:
+        value = json.loads(text)
+        jsonschema.validate(value, SCHEMA)
+        assert list(value) == list(SCHEMA["properties"])  # the schema's order
+        outside_strings = re.sub(r'"(?:[^"\\]|\\.)*"', "", text)
+        assert not re.search(r"\s", outside_strings)  # compact: no whitespace between tokens
+
+
+def test_regex_choice_grammar_and_json_object_hold_every_time(llm):
+    for text, reason in _texts(llm, StructuredOutputsParams(regex=r"[a-z]{3}-[0-9]{2}")):
+        assert reason == "stop" and re.fullmatch(r"[a-z]{3}-[0-9]{2}", text)
+    choices = ["red", "green", "blue"]
+    seen = {text for text, _ in _texts(llm, StructuredOutputsParams(choice=choices))}
+    assert seen <= set(choices) and len(seen) > 1
+    gbnf = 'root ::= "yes" | "no" | "n/a"'
+    assert {t for t, _ in _texts(llm, StructuredOutputsParams(grammar=gbnf))} <= {
+        "yes",
+        "no",
+        "n/a",
+    }
+    for text, reason in _texts(llm, StructuredOutputsParams(json_object=True), n=20):
+        if reason == "stop":
+            assert isinstance(json.loads(text), dict)
+
+
+def test_requests_without_a_grammar_are_untouched_beside_one(llm):
+    plain = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    alone = llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}], plain, use_tqdm=False)
+    constrained = SamplingParams(
+        temperature=1.0, max_tokens=40, structured_outputs=StructuredOutputsParams(json=SCHEMA)
+    )
+    mixed = llm.generate(
+        [{"prompt_token_ids": [9, 10]}, {"prompt_token_ids": [5, 6, 7, 8]}],
+        [constrained, plain],
+        use_tqdm=False,
+    )
+    assert mixed[1].outputs[0].token_ids == alone[0].outputs[0].token_ids
+
+
+def test_a_bad_grammar_is_refused_with_its_reason():
+    with pytest.raises(InvalidRequestError, match="exactly one of"):
+        StructuredOutputsParams(json=SCHEMA, regex="a")
+    with pytest.raises(InvalidRequestError, match="not valid JSON"):
+        StructuredOutputsParams(json="{nope")
+
+
+def test_a_grammar_that_fails_to_build_fails_only_its_request(llm):
+    bad = SamplingParams(structured_outputs=StructuredOutputsParams(regex="[0-9"), max_tokens=5)
+    good = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    engine = llm.llm_engine
+    engine.add_request("bad", {"prompt_token_ids": [3, 4]}, bad)
+    engine.add_request("good", {"prompt_token_ids": [3, 4]}, good)
+    finished = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+    assert finished["bad"].outputs[0].finish_reason == "abort"
+    assert len(finished["good"].outputs[0].token_ids) == 4
+
+
+def test_the_mask_reaches_worker_processes(tiny_checkpoint):
+    llm = LLM(str(tiny_checkpoint("qwen3")), max_model_len=256, tensor_parallel_size=2)
+    try:
+        outputs = _texts(llm, StructuredOutputsParams(regex=r"[0-9]{4}"), n=8, max_tokens=10)
+    finally:
+        llm.llm_engine.core.shutdown()
+    assert all(reason == "stop" and re.fullmatch(r"[0-9]{4}", t) for t, reason in outputs)
