@@ -1,4 +1,4 @@
-"""`inferengine bench serve | paired | plot`: the parsers and their handlers."""
+"""`inferengine bench serve | paired | agent | plot`: the parsers and their handlers."""
 
 from __future__ import annotations
 
@@ -36,7 +36,9 @@ example:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser("bench", help="serving benchmarks against HTTP servers")
-    sub = bench.add_subparsers(dest="bench_command", metavar="{serve,paired,plot}", required=True)
+    sub = bench.add_subparsers(
+        dest="bench_command", metavar="{serve,paired,agent,plot}", required=True
+    )
 
     serve = sub.add_parser(
         "serve",
@@ -59,9 +61,161 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_paired_args(paired)
     paired.set_defaults(func=paired_handler)
 
+    agent = sub.add_parser(
+        "agent",
+        help="multi-turn agent sessions with think time: TTFT of later turns, KV hits by tier",
+        description="N sessions x T turns, each turn resending the conversation plus a tool "
+        "output, against one server (--url) or several launched in alternating rounds "
+        "(--system); writes a result folder with TTFT of turn 1 and of turns >= 2, "
+        "throughput and the KV cache's hit rates by tier.",
+        epilog=AGENT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_agent_args(agent)
+    agent.set_defaults(func=agent_handler)
+
     plot = sub.add_parser("plot", help="PNG charts of a result folder")
     plot.add_argument("result_dir", type=Path, metavar="RESULT_DIR")
     plot.set_defaults(func=plot_handler)
+
+
+AGENT_EPILOG = f"""\
+systems (--system, repeated; the first two give the ratios):
+{SYSTEMS_DOC.split(chr(10), 2)[2]}
+gates (--gate, repeated; exit status 1 if one fails): as `bench paired`, over the metrics of
+summary.json's `spread`, e.g. later_median_ttft_ms, output_throughput, gpu_hit_rate
+example:
+  inferengine bench agent --model-dir configs/qwen2.5-7b --served-model-name qwen2.5-7b \\
+    --system "inferengine=preset:inferengine --load-format dummy --kv-offloading-size 16" \\
+    --system "vllm=preset:vllm --load-format dummy --dtype bfloat16" \\
+    --sessions 48 --turns 8 --gate "later_median_ttft_ms<=0.333"
+"""
+
+
+def add_agent_args(parser: argparse.ArgumentParser) -> None:
+    from inferengine.bench.agent import THINK_DISTRIBUTIONS, AgentWorkload
+
+    d = AgentWorkload()
+    g = parser.add_argument_group("systems")
+    where = g.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="one server that is already running, e.g. http://host:8000")
+    where.add_argument("--system", action="append", metavar="SPEC", help="as `bench paired`")
+    g.add_argument("--label", default="server", help="the name of the --url system")
+    g.add_argument("--model-dir", help="model folder for presets; the default --tokenizer")
+    g.add_argument("--served-model-name", help="name presets serve the model under")
+    g.add_argument("--model", help="model name to send (default: the first of GET /v1/models)")
+    g.add_argument("--tokenizer", help="whose vocabulary prompts are drawn from (token ids)")
+    g.add_argument("--health-timeout", type=float, default=900.0, help="seconds to wait")
+    g.add_argument("--stop-timeout", type=float, default=30.0, help="SIGTERM→SIGKILL seconds")
+    w = parser.add_argument_group("sessions (the same for every system)")
+    w.add_argument("--sessions", type=int, default=d.sessions, help="N sessions")
+    w.add_argument("--turns", type=int, default=d.turns, help="T turns per session")
+    w.add_argument("--prefix-len", type=int, default=d.prefix_len, help="turn 1's prompt")
+    w.add_argument(
+        "--shared-prefix-len",
+        type=int,
+        default=d.shared_prefix_len,
+        help="leading prefix tokens that every session shares (a system prompt)",
+    )
+    w.add_argument(
+        "--tool-len",
+        default=f"{d.tool_len_min}:{d.tool_len_max}",
+        metavar="MIN:MAX",
+        help="tokens a turn adds as tool output, uniform over [MIN, MAX]",
+    )
+    w.add_argument("--output-len", type=int, default=d.output_len, help="tokens per reply")
+    w.add_argument("--think-time", type=float, default=d.think_time_s, help="mean seconds")
+    w.add_argument(
+        "--think-distribution", choices=THINK_DISTRIBUTIONS, default=d.think_distribution
+    )
+    w.add_argument("--think-sigma", type=float, default=d.think_sigma, help="lognormal sigma")
+    w.add_argument(
+        "--session-gap", type=float, default=d.session_gap_s, help="mean s between starts"
+    )
+    w.add_argument(
+        "--max-active-sessions", type=int, default=d.max_active_sessions, help="C at once"
+    )
+    w.add_argument("--seed", type=int, default=d.seed, help="round k uses seed + k")
+    w.add_argument("--num-warmups", type=int, default=d.num_warmups)
+    w.add_argument(
+        "--prompt-cache-retention",
+        default=d.prompt_cache_retention,
+        help='sent with prompt_cache_key = the session id ("in_memory", "1h", ...)',
+    )
+    w.add_argument(
+        "--no-cache-fields",
+        action="store_true",
+        help="send neither prompt_cache_key nor prompt_cache_retention",
+    )
+    w.add_argument("--request-timeout", type=float, default=d.request_timeout_s)
+    r = parser.add_argument_group("runs and result folder")
+    r.add_argument("--repeats", type=int, default=1, help="rounds over all systems")
+    r.add_argument("--start-repeat", type=int, default=0, help="number of the first round")
+    r.add_argument("--revision", help="the code revision measured (default: git here)")
+    r.add_argument("--out-dir", type=Path, help="default benchmarks/results/<UTC stamp>-<name>")
+    r.add_argument("--name", default="agent", help="the folder's name after the stamp")
+    r.add_argument("--gate", action="append", default=[], metavar="EXPR")
+
+
+def agent_workload_from_args(args: argparse.Namespace):
+    from inferengine.bench.agent import AgentWorkload
+
+    low, sep, high = args.tool_len.partition(":")
+    try:
+        tool_min, tool_max = int(low), int(high if sep else low)
+    except ValueError:
+        raise ConfigError(f"--tool-len {args.tool_len!r}: write MIN:MAX, e.g. 200:400") from None
+    return AgentWorkload(
+        sessions=args.sessions,
+        turns=args.turns,
+        prefix_len=args.prefix_len,
+        shared_prefix_len=args.shared_prefix_len,
+        tool_len_min=tool_min,
+        tool_len_max=tool_max,
+        output_len=args.output_len,
+        think_time_s=args.think_time,
+        think_distribution=args.think_distribution,
+        think_sigma=args.think_sigma,
+        session_gap_s=args.session_gap,
+        max_active_sessions=args.max_active_sessions,
+        seed=args.seed,
+        num_warmups=args.num_warmups,
+        prompt_cache_retention=args.prompt_cache_retention,
+        cache_fields=not args.no_cache_fields,
+        request_timeout_s=args.request_timeout,
+    )
+
+
+def agent_handler(args: argparse.Namespace) -> int:
+    from inferengine.bench.agent_paired import AgentBenchConfig, run_agent_bench
+    from inferengine.bench.gates import parse_gate
+    from inferengine.bench.systems import SystemSpec, parse_system
+
+    tokenizer = args.tokenizer or args.model_dir
+    if not tokenizer:
+        raise ConfigError("bench agent draws token ids from a vocabulary: pass --tokenizer")
+    served = args.served_model_name or Path(args.model_dir or "model").name
+    if args.url:
+        systems = [SystemSpec(args.label, base_url=args.url.rstrip("/"))]
+    else:
+        systems = [parse_system(s, args.model_dir, served) for s in args.system]
+    cfg = AgentBenchConfig(
+        workload=agent_workload_from_args(args),
+        systems=systems,
+        tokenizer=tokenizer,
+        model=args.model,
+        model_dir=args.model_dir,
+        out_dir=args.out_dir,
+        name=args.name,
+        gates=[parse_gate(g) for g in args.gate],
+        repeats=args.repeats,
+        start_repeat=args.start_repeat,
+        health_timeout_s=args.health_timeout,
+        stop_timeout_s=args.stop_timeout,
+        command_line=shlex.join(["inferengine", *sys.argv[1:]]),
+        revision=args.revision,
+    )
+    return run_agent_bench(cfg)
 
 
 def add_paired_args(parser: argparse.ArgumentParser) -> None:

@@ -23,7 +23,7 @@ import aiohttp
 class RequestInput:
     """What to send: the prompt, how many tokens to ask for, and where."""
 
-    prompt: str
+    prompt: str | list[int]  # text, or token ids (completions only)
     prompt_len: int
     output_len: int
     model: str
@@ -43,6 +43,7 @@ class RequestOutput:
     prompt_len: int = 0  # the server's usage.prompt_tokens when reported, else the dataset's
     output_tokens: int = 0
     usage_reported: bool = False
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, if reported
     ttft: float = 0.0
     itl: list[float] = field(default_factory=list)
     latency: float = 0.0
@@ -138,6 +139,9 @@ class _StreamTimer:
                 self.out.usage_reported = True
             if usage.get("prompt_tokens") is not None:
                 self.out.prompt_len = int(usage["prompt_tokens"])
+            details = usage.get("prompt_tokens_details") or {}
+            if details.get("cached_tokens") is not None:
+                self.out.cached_tokens = int(details["cached_tokens"])
 
     def finish(self) -> None:
         out = self.out

@@ -40,6 +40,22 @@ class FakeState:
     active: int = 0
     max_active: int = 0
     bodies: list[dict] = field(default_factory=list)
+    # A prefix cache over token-id prompts, counted as vLLM's /metrics does (16-token blocks).
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    seen: list[list[int]] = field(default_factory=list)
+
+    def look_up(self, ids: list[int]) -> None:
+        """Count the longest full-block prefix `ids` shares with an earlier prompt."""
+        best = 0
+        for old in self.seen:
+            n = 0
+            while n < min(len(old), len(ids)) and old[n] == ids[n]:
+                n += 1
+            best = max(best, n // 16 * 16)
+        self.prefix_queries += len(ids)
+        self.prefix_hits += min(best, (len(ids) - 1) // 16 * 16)
+        self.seen.append(ids)
 
 
 STATE = web.AppKey("state", FakeState)
@@ -81,7 +97,10 @@ def make_app(cfg: FakeConfig) -> web.Application:
         max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
         length = max_tokens if body.get("ignore_eos") else min(max_tokens, cfg.eos_after)
         prompt = body["messages"][-1]["content"] if chat else body["prompt"]
-        if isinstance(prompt, list):  # content parts, as vLLM's client sends them
+        if not chat and isinstance(prompt, list) and all(isinstance(i, int) for i in prompt):
+            state.look_up(prompt)  # token ids
+            prompt = " ".join(map(str, prompt))
+        elif isinstance(prompt, list):  # content parts, as vLLM's client sends them
             prompt = " ".join(part.get("text", "") for part in prompt)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
@@ -124,7 +143,18 @@ def make_app(cfg: FakeConfig) -> web.Application:
         await response.write_eof()
         return response
 
+    async def metrics(_: web.Request) -> web.Response:
+        labels = f'{{engine="0",model_name="{cfg.model}"}}'
+        lines = [
+            "# TYPE vllm:prefix_cache_queries_total counter",
+            f"vllm:prefix_cache_queries_total{labels} {float(state.prefix_queries)}",
+            f"vllm:prefix_cache_hits_total{labels} {float(state.prefix_hits)}",
+            f"vllm:prefix_cache_hits_created{labels} 1.7e9",
+        ]
+        return web.Response(text="\n".join(lines) + "\n")
+
     app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", generate)
     app.router.add_post("/v1/chat/completions", generate)
