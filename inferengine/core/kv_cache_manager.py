@@ -70,8 +70,6 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        self.prefix_stats.queries += request.num_tokens
-        self.prefix_stats.hits += len(hits) * self.block_size
         return hits, len(hits) * self.block_size
 
     def get_host_hits(self, request: Request, num_gpu_hits: int) -> list[int]:
@@ -84,9 +82,15 @@ class KVCacheManager:
             if slot is None:
                 break
             slots.append(slot)
-        self.prefix_stats.hits += len(slots) * self.block_size
-        self.prefix_stats.host_hits += len(slots) * self.block_size
         return slots
+
+    def record_lookup(self, num_tokens: int, num_gpu_hits: int, num_host_hits: int) -> None:
+        """Count a request's first admission: its prompt tokens and the pages found in each
+        tier (a request looked up again, after a failed allocation or a preemption, is not
+        counted twice)."""
+        self.prefix_stats.queries += num_tokens
+        self.prefix_stats.hits += (num_gpu_hits + num_host_hits) * self.block_size
+        self.prefix_stats.host_hits += num_host_hits * self.block_size
 
     def _max_hit_blocks(self, request: Request) -> int:
         return (request.num_tokens - 1) // self.block_size

@@ -211,6 +211,7 @@ class Scheduler:
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit_tokens
                 request.scheduled_time = time.time()
+                kv.record_lookup(request.num_tokens, len(hits), len(host_hits))
             self.running.append(request)
             scheduled_new.append(request)
             num_scheduled[request.request_id] = num_new

@@ -163,3 +163,14 @@ def test_host_tier_without_eviction_uses_only_free_slots(evict):
     assert tier.reserve(b"a") == 0
     tier.end_step()
     assert (tier.reserve(b"b", evict=evict) is not None) == evict
+
+
+def test_a_request_that_waits_for_pages_is_counted_once():
+    sched = _scheduler(num_blocks=4)  # 3 usable pages
+    sched.add_request(make_request("a", list(range(10, 26)), max_tokens=3))
+    sched.add_request(make_request("b", list(range(40, 56)), max_tokens=1))
+    for _ in range(5):  # b is looked up at every step until a's pages come back
+        _run(sched, sched.schedule())
+    assert not sched.has_unfinished_requests()
+    stats = sched.make_stats()
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (32, 0)
