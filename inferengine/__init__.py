@@ -6,18 +6,26 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "RequestOutput", "SamplingParams", "__version__", "register_model"]
+__all__ = [
+    "LLM",
+    "RequestOutput",
+    "SamplingParams",
+    "StructuredOutputsParams",
+    "__version__",
+    "register_model",
+]
 
 if TYPE_CHECKING:
     from inferengine.entrypoints.llm import LLM
     from inferengine.model.registry import register_model
     from inferengine.outputs import RequestOutput
-    from inferengine.sampling_params import SamplingParams
+    from inferengine.sampling_params import SamplingParams, StructuredOutputsParams
 
 _LAZY = {
     "LLM": "inferengine.entrypoints.llm",
     "RequestOutput": "inferengine.outputs",
     "SamplingParams": "inferengine.sampling_params",
+    "StructuredOutputsParams": "inferengine.sampling_params",
     "register_model": "inferengine.model.registry",
 }
 

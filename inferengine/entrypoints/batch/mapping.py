@@ -45,6 +45,9 @@ _JSON_FIELDS = (
     "logit_bias",
     "chat_template_kwargs",
     "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_choice",
     "tools",
 )
 _FIELDS = {

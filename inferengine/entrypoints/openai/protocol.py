@@ -28,7 +28,6 @@ class _Model(BaseModel):
 # Fields of OpenAI's or vLLM's request APIs that would change the reply but are not implemented
 # here: name -> (values that ask for nothing besides None / False / [], why refused).
 _NO_TOOLS = "tool and function calling are not implemented"
-_NO_GUIDED = "structured output (guided decoding) is not implemented yet"
 UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "tools": ((), _NO_TOOLS),
     "tool_choice": (("none", "auto"), _NO_TOOLS),
@@ -42,16 +41,12 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
         "a thinking switch, where the model's chat template has one, goes in "
         'chat_template_kwargs (e.g. {"enable_thinking": false})',
     ),
-    "response_format": (({"type": "text"},), "only {'type': 'text'} is supported"),
     "echo": ((), "echo works on /v1/completions only"),
     "best_of": ((1,), "use n"),
     "use_beam_search": ((), "beam search is not implemented"),
     "length_penalty": ((1, 1.0), "beam search is not implemented"),
-    "guided_json": ((), _NO_GUIDED),
-    "guided_regex": ((), _NO_GUIDED),
-    "guided_choice": ((), _NO_GUIDED),
-    "guided_grammar": ((), _NO_GUIDED),
-    "structured_outputs": ((), _NO_GUIDED),
+    "guided_whitespace_pattern": ((), "JSON is always generated without whitespace between tokens"),
+    "structural_tag": ((), "structural tags are not implemented"),
     "allowed_token_ids": ((), "favour or ban token ids with logit_bias"),
     "bad_words": ((), "ban their token ids with logit_bias -100"),
     "logits_processors": ((), "custom logits processors are not implemented"),
@@ -113,6 +108,16 @@ class SamplingFields(_Model):
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Structured output (`structured_outputs.py`): OpenAI's response_format, vLLM's
+    # structured_outputs ({"json" | "regex" | "choice" | "grammar" | "json_object": ...}) and its
+    # older guided_* fields; at most one of them asks.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
 
     @field_validator("prompt_cache_retention", mode="wrap")
     @classmethod
@@ -167,7 +172,6 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str | None = None

@@ -132,7 +132,6 @@ class ServingChat(OpenAIServing):
         if req.tool_choice != "none":
             refuse_unsupported("tools", req.tools)
         refuse_unsupported("tool_choice", req.tool_choice)
-        refuse_unsupported("response_format", req.response_format)
 
     def _logprobs(self, completion: CompletionOutput, num_top: int | None) -> ChatLogprobs | None:
         if num_top is None:

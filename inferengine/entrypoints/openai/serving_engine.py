@@ -19,6 +19,7 @@ from inferengine.entrypoints.openai.protocol import (
     unsupported_reason,
 )
 from inferengine.entrypoints.openai.streaming import EngineStream, start_streams
+from inferengine.entrypoints.openai.structured_outputs import structured_outputs
 from inferengine.errors import InvalidRequestError, ModelNotFoundError
 from inferengine.logger import init_logger
 from inferengine.outputs import PositionLogprobs, RequestOutput
@@ -167,6 +168,7 @@ class OpenAIServing:
             include_stop_str_in_output=req.include_stop_str_in_output,
             logit_bias=_logit_bias(req.logit_bias),
             output_kind=kind,
+            structured_outputs=structured_outputs(req),
             **picked,
         )
 
@@ -301,7 +303,9 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
 
 
 def _describe(p: SamplingParams) -> str:
+    structured = p.structured_outputs.kind if p.structured_outputs is not None else None
     return (
         f"n={p.n} max_tokens={p.max_tokens} temperature={p.temperature} top_p={p.top_p} "
-        f"top_k={p.top_k} seed={p.seed} stop={p.stop} logprobs={p.logprobs}"
+        f"top_k={p.top_k} seed={p.seed} stop={p.stop} logprobs={p.logprobs} "
+        f"structured_outputs={structured}"
     )

@@ -16,7 +16,6 @@ _BODIES = {
     GENERATE: {"model": SERVED_NAME, "prompt": "Hello", "max_tokens": 1},
 }
 _TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
 
 # (url, fields, the param the error names)
 REFUSED = [
@@ -30,12 +29,6 @@ REFUSED = [
     (CHAT, {"modalities": ["text", "audio"]}, "modalities"),
     (CHAT, {"web_search_options": {}}, "web_search_options"),
     (CHAT, {"reasoning_effort": "low"}, "reasoning_effort"),
-    (CHAT, {"response_format": {"type": "json_object"}}, "response_format"),
-    (
-        COMPLETIONS,
-        {"response_format": {"type": "json_schema", "json_schema": {}}},
-        "response_format",
-    ),
     (CHAT, {"echo": True}, "echo"),
     (GENERATE, {"echo": True}, "echo"),
     (CHAT, {"best_of": 2}, "best_of"),
@@ -43,11 +36,8 @@ REFUSED = [
     (COMPLETIONS, {"suffix": " end"}, "suffix"),
     (COMPLETIONS, {"use_beam_search": True}, "use_beam_search"),
     (COMPLETIONS, {"length_penalty": 0.5}, "length_penalty"),
-    (COMPLETIONS, {"guided_json": _SCHEMA}, "guided_json"),
-    (COMPLETIONS, {"guided_regex": "[ab]+"}, "guided_regex"),
-    (CHAT, {"guided_choice": ["yes", "no"]}, "guided_choice"),
-    (COMPLETIONS, {"guided_grammar": 'root ::= "a"'}, "guided_grammar"),
-    (CHAT, {"structured_outputs": {"json": _SCHEMA}}, "structured_outputs"),
+    (COMPLETIONS, {"guided_whitespace_pattern": r"[ ]?"}, "guided_whitespace_pattern"),
+    (CHAT, {"structural_tag": "{}"}, "structural_tag"),
     (COMPLETIONS, {"allowed_token_ids": [5, 6]}, "allowed_token_ids"),
     (COMPLETIONS, {"bad_words": ["Hello"]}, "bad_words"),
     (COMPLETIONS, {"logits_processors": ["my.module:Proc"]}, "logits_processors"),
