@@ -200,7 +200,9 @@ class EngineCore:
             scheduler_output = self.scheduler.schedule()
             if self.structured.matchers:
                 rows, mask = self.structured.bitmask(
-                    list(scheduler_output.num_scheduled_tokens), self.scheduler.requests
+                    list(scheduler_output.num_scheduled_tokens),
+                    self.scheduler.requests,
+                    scheduler_output.scheduled_spec_decode_tokens,
                 )
                 scheduler_output.grammar_req_ids, scheduler_output.grammar_bitmask = rows, mask
             t1 = time.perf_counter()
@@ -249,12 +251,20 @@ class EngineCore:
             )
 
     def _advance_grammars(self, outputs: EngineCoreOutputs) -> None:
-        """Feed the sampled tokens to the matchers; a grammar that is complete ends its
-        request (stop), one that refused a token (it cannot, unless masks and tokens went
-        apart) ends it with an error."""
+        """Feed the sampled tokens to the matchers. A complete grammar allows only the end of
+        text, so its request stops there like any other (the same tokens with and without
+        speculation); one that cannot stop on EOS (`ignore_eos`) is ended by the grammar. A
+        grammar that refused a token (only if masks and tokens went apart) ends its request
+        with an error."""
         for out in outputs.outputs:
             took, complete = self.structured.accept(out.request_id, out.new_token_ids)
-            if out.finish_reason is None and complete:
+            request = self.scheduler.requests.get(out.request_id)
+            stops_itself = (
+                request is not None
+                and request.eos_token_id is not None
+                and not request.sampling_params.ignore_eos
+            )
+            if out.finish_reason is None and complete and not (took and stops_itself):
                 status = RequestStatus.FINISHED_STOPPED if took else RequestStatus.FINISHED_ABORTED
                 (request,) = self.scheduler.finish_requests([out.request_id], status) or [None]
                 if request is not None:
@@ -371,7 +381,6 @@ class EngineCore:
                 or (p.seed is not None and not p.greedy)
                 or p.logprobs is not None
                 or p.uses_penalties
-                or p.structured_outputs is not None
                 or request.num_output_tokens < p.min_tokens
             ):
                 continue

@@ -73,9 +73,13 @@ class StructuredOutputManager:
                 failed[req_id] = f"the structured output grammar failed to build: {e}"
         return ready, failed
 
-    def bitmask(self, req_ids: list[str], requests: dict[str, Request]) -> tuple[list[str], bytes]:
-        """The rows of `req_ids` (scheduled this step) that sample under a grammar, and their
-        packed allowed tokens."""
+    def bitmask(
+        self, req_ids: list[str], requests: dict[str, Request], drafts: dict[str, list[int]]
+    ) -> tuple[list[str], bytes]:
+        """The requests of `req_ids` (scheduled this step) that sample under a grammar, and
+        their packed allowed tokens: one row per sampled position, the current one and then
+        one after each of the request's `drafts` (the matcher walks the drafts and comes back).
+        After a draft the grammar refuses, rows allow everything: the verifier rejects there."""
         import llguidance.numpy
 
         rows = [
@@ -85,9 +89,26 @@ class StructuredOutputManager:
         ]
         if not rows:
             return [], b""
-        mask = np.zeros((len(rows), self.words), dtype=np.int32)
-        for i, req_id in enumerate(rows):
-            llguidance.numpy.fill_next_token_bitmask(self.matchers[req_id], mask, i)
+        mask = np.zeros((sum(1 + len(drafts.get(r, ())) for r in rows), self.words), np.int32)
+        i = 0
+        for req_id in rows:
+            matcher, walked, valid = self.matchers[req_id], 0, True
+            llguidance.numpy.fill_next_token_bitmask(matcher, mask, i)
+            for token_id in drafts.get(req_id, ()):
+                i += 1
+                valid = (
+                    valid
+                    and not matcher.is_stopped()
+                    and matcher.try_consume_tokens([token_id]) == 1  # no error state if not
+                )
+                if valid:
+                    walked += 1
+                    llguidance.numpy.fill_next_token_bitmask(matcher, mask, i)
+                else:
+                    mask[i] = -1
+            if walked:
+                matcher.rollback(walked)
+            i += 1
         return rows, mask.tobytes()
 
     def accept(self, req_id: str, token_ids: list[int]) -> tuple[bool, bool]:

@@ -24,10 +24,10 @@ def apply_grammar_bitmask(
     num_drafts: list[int],
 ) -> None:
     """Mask `logits` ([sum(1 + drafts_i), vocab], one block of rows per sampling state) in
-    place at the rows of `so.grammar_req_ids` (requests under a grammar never carry drafts)."""
+    place at every position (drafts included) of the requests in `so.grammar_req_ids`."""
     first_row = np.cumsum([0, *(1 + d for d in num_drafts)])[:-1]
-    row_of = {s.req_id: int(first_row[i]) for i, s in enumerate(states)}
-    rows = [row_of[r] for r in so.grammar_req_ids]
+    block = {s.req_id: (int(first_row[i]), 1 + num_drafts[i]) for i, s in enumerate(states)}
+    rows = [row for r in so.grammar_req_ids for row in range(block[r][0], sum(block[r]))]
     words = np.frombuffer(so.grammar_bitmask, dtype=np.int32).reshape(len(rows), -1)
     packed = torch.from_numpy(words.copy()).to(logits.device, non_blocking=True)
     bits = _BITS.to(logits.device)

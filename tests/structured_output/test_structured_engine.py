@@ -113,3 +113,20 @@ def test_the_mask_reaches_worker_processes(tiny_checkpoint):
     finally:
         llm.llm_engine.core.shutdown()
     assert all(reason == "stop" and re.fullmatch(r"[0-9]{4}", t) for t, reason in outputs)
+
+
+def test_speculation_masks_every_draft_position(tiny_checkpoint):
+    """n-gram drafts for a request under a grammar: each draft position is verified against
+    masked logits, so the greedy tokens equal those without speculation, and drafts that
+    follow the grammar are accepted."""
+    path = str(tiny_checkpoint("qwen3"))
+    structured = StructuredOutputsParams(regex=r"(abc-){6}[0-9]{4}")
+    params = SamplingParams(temperature=0, max_tokens=60, structured_outputs=structured)
+    prompts = [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [9, 9, 2, 4]}]
+    plain = LLM(path, max_model_len=256).generate(prompts, params, use_tqdm=False)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    speculating = LLM(path, max_model_len=256, speculative_config=spec)
+    drafted = speculating.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in drafted] == [o.outputs[0].token_ids for o in plain]
+    assert all(re.fullmatch(r"(abc-){6}[0-9]{4}", o.outputs[0].text) for o in drafted)
+    assert speculating.llm_engine.core.scheduler.spec_stats.num_accepted_tokens > 0
