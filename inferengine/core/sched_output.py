@@ -49,6 +49,9 @@ class SchedulerOutput:
     # packed 32 per int32 word (row-major, one row per request, in this order).
     grammar_req_ids: list[str] = field(default_factory=list)
     grammar_bitmask: bytes = b""
+    # The masks come later (`StepHandle.provide_grammar`): they need the previous step's
+    # tokens, which the engine core folds in while this step's forward runs.
+    grammar_deferred: bool = False
 
     @property
     def is_empty(self) -> bool:

@@ -184,29 +184,31 @@ class EngineCore:
 
         Speculation needs each step's tokens before the next is scheduled (drafts continue
         them), so steps that speculate run one at a time; the first such step after others
-        only collects the oldest step in flight and drafts."""
+        only collects the oldest step in flight and drafts. A grammar's mask for a token needs
+        the token before it: with a step in flight, the new step's sampling waits for masks
+        made after that step is collected, while the new step's forward runs."""
         self._admit_grammars()
         speculate = self._speculate_now()
-        # A grammar's mask for the next token needs the token before it: one step at a time.
-        one_at_a_time = speculate or bool(self.structured.matchers)
-        if one_at_a_time and self._inflight:
+        if speculate and self._inflight:
             return self._finish_step(self._collect(speculate))
-        depth = 1 if one_at_a_time else self.depth
+        depth = 1 if speculate else self.depth
         launched_work = False
+        deferred = None
         timer = self.step_timer
         if len(self._inflight) < depth and self.scheduler.has_unfinished_requests():
             self.scheduler.pipeline_depth = depth if self.scheduler.pipelined else 1
             t0 = time.perf_counter()
             scheduler_output = self.scheduler.schedule()
             if self.structured.matchers:
-                rows, mask = self.structured.bitmask(
-                    list(scheduler_output.num_scheduled_tokens),
-                    self.scheduler.requests,
-                    scheduler_output.scheduled_spec_decode_tokens,
-                )
-                scheduler_output.grammar_req_ids, scheduler_output.grammar_bitmask = rows, mask
+                # Pipelined steps never hold a request whose token is on its way.
+                if depth > 1 and not self.scheduler.pipelined:
+                    scheduler_output.grammar_deferred = True
+                else:
+                    self._attach_grammar(scheduler_output)
             t1 = time.perf_counter()
             pending = self.executor.execute_model_async(scheduler_output)
+            if scheduler_output.grammar_deferred:
+                deferred = (scheduler_output, pending)
             self._inflight.append((scheduler_output, pending, speculate))
             launched_work = scheduler_output.total_num_scheduled_tokens > 0
             if timer is not None:
@@ -217,7 +219,17 @@ class EngineCore:
             outputs = EngineCoreOutputs(
                 scheduler_stats=self.scheduler.make_stats(), timestamp=time.time()
             )
+        if deferred is not None:  # every earlier token is folded in now
+            so, handle = deferred
+            self._attach_grammar(so)
+            handle.provide_grammar(so.grammar_req_ids, so.grammar_bitmask)
         return self._finish_step(outputs)
+
+    def _attach_grammar(self, so: SchedulerOutput) -> None:
+        rows, mask = self.structured.bitmask(
+            list(so.num_scheduled_tokens), self.scheduler.requests, so.scheduled_spec_decode_tokens
+        )
+        so.grammar_req_ids, so.grammar_bitmask = rows, mask
 
     def _speculate_now(self) -> bool:
         return self._speculate_next and self.scheduler.has_unfinished_requests()

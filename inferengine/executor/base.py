@@ -20,6 +20,10 @@ class StepHandle(Protocol):
 
     def resolve(self) -> ModelRunnerOutput: ...
 
+    def provide_grammar(self, req_ids: list[str], bitmask: bytes) -> None:
+        """A step launched with `grammar_deferred`: its grammar masks, so it can sample."""
+        ...
+
 
 class Executor(Protocol):
     def determine_num_blocks(self) -> int: ...

@@ -52,6 +52,9 @@ class _Step:
         self.graph_size: int | None = None
         self._output: ModelRunnerOutput | None = None
 
+    def provide_grammar(self, req_ids: list[str], bitmask: bytes) -> None:
+        self.executor._broadcast("grammar", [req_ids, bitmask])
+
     def resolve(self) -> ModelRunnerOutput:
         if self._output is None:
             reply = self.executor._wait(self.seq, [self.executor.output_rank])

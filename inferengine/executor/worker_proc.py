@@ -68,12 +68,28 @@ def run_worker(
     try:
         worker = _start(config, rank, init_method)
         send("ready", -1, _ready_info(worker, rank))
+        from inferengine.worker.pending_step import DeferredSampling
+
+        deferred: tuple[int, Any] | None = None  # (seq, step) waiting for its grammar masks
         while True:
             method, seq_raw, payload = cmds.recv_multipart()
             method_name, seq = method.decode(), int(seq_raw)
             if method_name == "shutdown":
                 break
-            kind, result = _call(worker, method_name, payload)
+            if method_name == "execute":
+                step = worker.runner.execute_model_async(_decode_step(payload))
+                if isinstance(step, DeferredSampling):
+                    deferred = (seq, step)
+                    continue
+                kind, result = "output", step.resolve()
+            elif method_name == "grammar":
+                assert deferred is not None, "grammar masks for no step"
+                (seq, step), deferred = deferred, None
+                step.provide_grammar(*_decode_any(payload))
+                kind, result = "output", step.resolve()
+                method_name = "execute"  # the reply answers the step
+            else:
+                kind, result = _call(worker, method_name, payload)
             if method_name in ("execute", "propose_drafts") and not answers_steps:
                 continue
             send(kind, seq, result)
@@ -137,8 +153,6 @@ def _ready_info(worker, rank: int) -> dict[str, Any]:
 
 
 def _call(worker, method: str, payload: bytes) -> tuple[str, Any]:
-    if method == "execute":
-        return "output", worker.runner.execute_model_async(_decode_step(payload)).resolve()
     if method == "determine_num_blocks":
         return "result", worker.determine_num_blocks()
     if method == "determine_num_host_blocks":

@@ -85,7 +85,9 @@ class StructuredOutputManager:
         rows = [
             r
             for r in req_ids
-            if r in self.matchers and requests[r].num_computed_tokens >= requests[r].num_tokens
+            if r in self.matchers
+            and (q := requests.get(r)) is not None
+            and q.num_computed_tokens >= q.num_tokens
         ]
         if not rows:
             return [], b""

@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from inferengine.core.sched_output import SchedulerOutput
-
 if TYPE_CHECKING:
     from inferengine.worker.model_runner import RequestState
 
@@ -19,16 +17,18 @@ _BITS = torch.arange(32, dtype=torch.int32)
 
 def apply_grammar_bitmask(
     logits: torch.Tensor,
-    so: SchedulerOutput,
+    req_ids: list[str],
+    bitmask: bytes,
     states: list[RequestState],
     num_drafts: list[int],
 ) -> None:
     """Mask `logits` ([sum(1 + drafts_i), vocab], one block of rows per sampling state) in
-    place at every position (drafts included) of the requests in `so.grammar_req_ids`."""
+    place at every position (drafts included) of the requests `req_ids`, whose packed rows
+    `bitmask` holds in that order."""
     first_row = np.cumsum([0, *(1 + d for d in num_drafts)])[:-1]
     block = {s.req_id: (int(first_row[i]), 1 + num_drafts[i]) for i, s in enumerate(states)}
-    rows = [row for r in so.grammar_req_ids for row in range(block[r][0], sum(block[r]))]
-    words = np.frombuffer(so.grammar_bitmask, dtype=np.int32).reshape(len(rows), -1)
+    rows = [row for r in req_ids for row in range(block[r][0], sum(block[r]))]
+    words = np.frombuffer(bitmask, dtype=np.int32).reshape(len(rows), -1)
     packed = torch.from_numpy(words.copy()).to(logits.device, non_blocking=True)
     bits = _BITS.to(logits.device)
     allowed = ((packed.unsqueeze(-1) >> bits) & 1).bool().flatten(1)[:, : logits.shape[-1]]

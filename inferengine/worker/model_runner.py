@@ -8,6 +8,7 @@ runs.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +33,7 @@ from inferengine.worker.cuda_graphs import CudaGraphRunner, GraphShape
 from inferengine.worker.grammar_mask import apply_grammar_bitmask
 from inferengine.worker.input_batch import InputBuffers, StepLayout
 from inferengine.worker.kv_offload import HostKVTier
-from inferengine.worker.pending_step import PendingStep, SpecResult
+from inferengine.worker.pending_step import DeferredSampling, PendingStep, SpecResult
 
 
 @dataclass(slots=True)
@@ -238,10 +239,11 @@ class ModelRunner:
         return self.execute_model_async(so).resolve()
 
     @torch.inference_mode()
-    def execute_model_async(self, so: SchedulerOutput) -> PendingStep:
+    def execute_model_async(self, so: SchedulerOutput) -> PendingStep | DeferredSampling:
         """Launch one step; its sampled tokens reach the host when the result is resolved.
 
         A decode whose previous token is still on its way takes it straight from the device.
+        With `so.grammar_deferred`, sampling waits for the grammar masks (`provide_grammar`).
         """
         self._update_states(so)
         if self.host_tier is not None:
@@ -259,21 +261,42 @@ class ModelRunner:
         if hidden is None:  # an earlier pipeline stage: the last one samples
             self._last, self._last_index = None, {}
             return PendingStep(output, [], [], None, self.buffers.token_ids)
-        result = spec = None
+        logits = None
         if inputs.sample_rows:
             rows = self.buffers.stage_logits_indices(inputs.logits_rows)
             sampled_hidden = hidden[rows]
             if self.drafter is not None:
                 self._last_hidden = sampled_hidden
             logits = self.model.compute_logits(sampled_hidden)
-            if so.grammar_req_ids:
-                apply_grammar_bitmask(logits, so, states, inputs.num_drafts)
+        if inputs.prompt_logprob_rows:
+            self._prompt_logprobs(inputs, hidden, output)
+        sample = functools.partial(self._sample, inputs, states, output, logits)
+        if so.grammar_deferred and logits is not None:
+            graph_size = inputs.graph_shape.num_tokens if inputs.graph_shape else None
+            return DeferredSampling(sample, graph_size)
+        return sample(so.grammar_req_ids, so.grammar_bitmask)
+
+    @torch.inference_mode()
+    def _sample(
+        self,
+        inputs: StepInputs,
+        states: list[RequestState],
+        output: ModelRunnerOutput,
+        logits: torch.Tensor | None,
+        grammar_req_ids: list[str],
+        grammar_bitmask: bytes,
+    ) -> PendingStep:
+        """Sample the step's logits (masked by the grammars of `grammar_req_ids`)."""
+        result = spec = None
+        if logits is not None:
+            if grammar_req_ids:
+                apply_grammar_bitmask(
+                    logits, grammar_req_ids, grammar_bitmask, states, inputs.num_drafts
+                )
             if any(inputs.num_drafts):
                 result, spec = self._verify_drafts(logits, states, inputs.num_drafts)
             else:
                 result = self.sampler(logits, self._metadata(states))
-        if inputs.prompt_logprob_rows:
-            self._prompt_logprobs(inputs, hidden, output)
         pending = PendingStep(
             output, inputs.sample_rows, states, result, self.buffers.token_ids, spec
         )

@@ -95,6 +95,11 @@ class PendingStep:
                 self._event = torch.cuda.Event()
                 self._event.record()
 
+    def provide_grammar(self, req_ids: list[str], bitmask: bytes) -> None:
+        """Nothing to mask: a step with grammar masks deferred returns a `DeferredSampling`
+        unless it samples nothing here."""
+        assert not req_ids, "grammar masks for a step that samples nothing here"
+
     def resolve(self) -> ModelRunnerOutput:
         """Wait for the sampled ids, fold them into the request state (once), return them."""
         if self._resolved:
@@ -140,3 +145,20 @@ class PendingStep:
                     [ranks[j]],
                 )
         return out
+
+
+class DeferredSampling:
+    """A step whose forward is launched and whose sampling waits for the grammar masks: the
+    engine core computes them from the previous step's tokens while this forward runs."""
+
+    def __init__(self, sample, graph_size: int | None):
+        self._sample = sample  # (grammar request ids, packed bitmask) -> PendingStep
+        self.graph_size = graph_size
+        self._pending: PendingStep | None = None
+
+    def provide_grammar(self, req_ids: list[str], bitmask: bytes) -> None:
+        self._pending = self._sample(req_ids, bitmask)
+
+    def resolve(self) -> ModelRunnerOutput:
+        assert self._pending is not None, "the step's grammar masks were never provided"
+        return self._pending.resolve()

@@ -130,3 +130,27 @@ def test_speculation_masks_every_draft_position(tiny_checkpoint):
     assert [o.outputs[0].token_ids for o in drafted] == [o.outputs[0].token_ids for o in plain]
     assert all(re.fullmatch(r"(abc-){6}[0-9]{4}", o.outputs[0].text) for o in drafted)
     assert speculating.llm_engine.core.scheduler.spec_stats.num_accepted_tokens > 0
+
+
+def test_masks_made_while_the_next_forward_runs_give_the_same_text(tiny_checkpoint):
+    """With async scheduling, a step's masks are made after the step before is collected
+    (its forward already launched); the text equals one-step-at-a-time decoding's."""
+    path = str(tiny_checkpoint("qwen3"))
+    structured = StructuredOutputsParams(json=SCHEMA)
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=120, structured_outputs=structured)
+    prompts = [{"prompt_token_ids": [5 + i, 6, 7]} for i in range(2)]
+    texts, deferred = {}, []
+    for mode in (False, True):
+        llm = LLM(path, max_model_len=256, async_scheduling=mode)
+        launch = llm.llm_engine.core.executor.execute_model_async
+
+        def recording(so, launch=launch):
+            deferred.append(so.grammar_deferred)
+            return launch(so)
+
+        llm.llm_engine.core.executor.execute_model_async = recording
+        texts[mode] = [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert texts[True] == texts[False]
+    assert any(deferred) and not all(deferred)
+    for text in texts[True]:
+        jsonschema.validate(json.loads(text), SCHEMA)
