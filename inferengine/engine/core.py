@@ -34,6 +34,7 @@ POLICY_LOG_INTERVAL_S = 10.0  # how often a speculating engine logs its draft po
 # not even try speculating, and one that starts quoting its input does.
 PROBE_EVERY = 16
 PROBE_REQUESTS = 8
+GRAMMAR_WAIT_S = 0.01  # an idle engine waits this long at a time for a grammar being built
 MIN_DRAFT_SHARE = 0.02  # below this share of requests with drafts, speculating cannot pay
 DRAFT_SHARE_WINDOW = 16  # requests looked at that replace the running share entirely
 
@@ -253,6 +254,8 @@ class EngineCore:
     def _admit_grammars(self) -> None:
         if not self.structured.waiting:
             return
+        if not self.scheduler.has_unfinished_requests() and not self._inflight:
+            self.structured.wait(GRAMMAR_WAIT_S)  # nothing else to run: let the grammar build
         ready, failed = self.structured.take_ready()
         for request in ready:
             self.scheduler.add_request(request)

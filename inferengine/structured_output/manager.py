@@ -9,6 +9,7 @@ worker masks the logits with it before sampling. Sampled tokens advance the matc
 
 from __future__ import annotations
 
+import concurrent.futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -58,6 +59,13 @@ class StructuredOutputManager:
         if matcher.is_error():
             raise ValueError(matcher.get_error())
         return matcher
+
+    def wait(self, timeout_s: float) -> None:
+        """Block until a matcher is built or `timeout_s` passes (an engine with nothing else
+        to do must not spin: the builder thread needs the interpreter)."""
+        futures = [future for _, future in self.waiting.values()]
+        if futures:
+            concurrent.futures.wait(futures, timeout_s, concurrent.futures.FIRST_COMPLETED)
 
     def take_ready(self) -> tuple[list[Request], dict[str, str]]:
         """Requests whose matcher is built, and errors of those whose grammar failed."""
