@@ -79,7 +79,7 @@ class Job:
     prompts: list[Any]  # completions: `Prompt`s; chat: one engine input dict
     params: list[SamplingParams]
     retention: Retention
-    num_top: int | None = None
+    reader: Any = None  # chat: how to read the reply (`ReplyReader`)
     remaining: int = 0  # engine requests not finished yet
     finals: list[Any] = field(default_factory=list)  # each prompt's final RequestOutput
 
@@ -129,11 +129,11 @@ class RowMapper:
             job = Job(row, req, random_id("cmpl"), prompts, params, retention)
         else:
             req = ChatCompletionRequest.model_validate(body)
-            prompt, sampling, num_top, retention = self.chat.prepare(req)
+            prompt, sampling, reader, retention = self.chat.prepare(req)
             if self.fmt != "openai" and req.n != 1:
                 raise RowError("a plain row takes n = 1; use the OpenAI format.")
             job = Job(row, req, random_id("chatcmpl"), [prompt], [sampling], retention)
-            job.num_top = num_top
+            job.reader = reader
         job.finals = [None] * len(job.prompts)
         return job
 
@@ -163,7 +163,7 @@ class RowMapper:
             text = body.choices[0].text
         else:
             num_prompt = len(job.prompts[0]["prompt_token_ids"])
-            body = self.chat.response(job.request_id, num_prompt, job.num_top, job.finals[0])
+            body = self.chat.response(job.request_id, num_prompt, job.reader, job.finals[0])
             text = body.choices[0].message.content
         usage = body.usage
         assert usage is not None

@@ -22,6 +22,10 @@ _SERVER_HELP = {
     "uvicorn_log_level": "uvicorn's log level (info prints one access line per request)",
     "disable_log_requests": "do not log each request's parameters",
     "drain_timeout": "on SIGTERM, seconds to wait for in-flight requests before exiting",
+    "enable_auto_tool_choice": 'serve tool_choice "auto" on chat (needs --tool-call-parser)',
+    "tool_call_parser": "how to find tool calls in the model's text for tool_choice auto",
+    "exclude_tools_when_tool_choice_none": 'leave tools out of the prompt with tool_choice "none"',
+    "reasoning_parser": "split the model's <think> block into reasoning_content",
 }
 
 
@@ -52,17 +56,29 @@ def add_server_args(parser: argparse._ActionsContainer) -> None:
             default = kind(env) if env is not None else f.default
         except ValueError as e:
             raise ConfigError(f"INFERENGINE_{f.name.upper()}={env!r} is not a valid value.") from e
-        choices = _LOG_LEVELS if f.name == "uvicorn_log_level" else None
-        parser.add_argument(flag, type=kind, default=default, choices=choices, help=help_text)
+        parser.add_argument(
+            flag, type=kind, default=default, choices=_choices().get(f.name), help=help_text
+        )
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    from inferengine.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
+    from inferengine.entrypoints.openai.tool_parsers import TOOL_PARSERS
+
+    return {
+        "uvicorn_log_level": _LOG_LEVELS,
+        "tool_call_parser": tuple(TOOL_PARSERS),
+        "reasoning_parser": tuple(REASONING_PARSERS),
+    }
 
 
 def run(args: argparse.Namespace) -> int:
     from inferengine.entrypoints.openai.api_server import run_server
 
-    engine_config = EngineArgs.from_cli_args(args).create_engine_config()
     server_config = ServerConfig(
         **{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig)}
     )
+    engine_config = EngineArgs.from_cli_args(args).create_engine_config()
     return asyncio.run(
         run_server(engine_config, server_config, lambda state: print_banner(state, server_config))
     )

@@ -89,11 +89,18 @@ class ServerState:
             if self.on_fatal is not None:
                 self.on_fatal(self.error)
             return
-        log_requests = not self.config.disable_log_requests
+        config = self.config
+        log_requests = not config.disable_log_requests
+        chat = ServingChat(
+            engine,
+            log_requests,
+            enable_auto_tools=config.enable_auto_tool_choice,
+            tool_parser=config.tool_call_parser,
+            reasoning_parser=config.reasoning_parser,
+            exclude_tools_when_tool_choice_none=config.exclude_tools_when_tool_choice_none,
+        )
         self.handlers = Handlers(
-            ServingCompletion(engine, log_requests),
-            ServingChat(engine, log_requests),
-            ServingTokens(engine, log_requests),
+            ServingCompletion(engine, log_requests), chat, ServingTokens(engine, log_requests)
         )
         self.status = "ready"
         if self.on_ready is not None:

@@ -27,12 +27,16 @@ class _Model(BaseModel):
 
 # Fields of OpenAI's or vLLM's request APIs that would change the reply but are not implemented
 # here: name -> (values that ask for nothing besides None / False / [], why refused).
-_NO_TOOLS = "tool and function calling are not implemented"
+# (`tools` and `tool_choice` are fields of chat requests; elsewhere this table refuses them.)
+_CHAT_ONLY_TOOLS = "tools work on /v1/chat/completions only"
+_LEGACY_FUNCTIONS = (
+    "the legacy function calling fields are not implemented; use tools and tool_choice"
+)
 UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
-    "tools": ((), _NO_TOOLS),
-    "tool_choice": (("none", "auto"), _NO_TOOLS),
-    "functions": ((), _NO_TOOLS),
-    "function_call": (("none",), _NO_TOOLS),
+    "tools": ((), _CHAT_ONLY_TOOLS),
+    "tool_choice": (("none", "auto"), _CHAT_ONLY_TOOLS),
+    "functions": ((), _LEGACY_FUNCTIONS),
+    "function_call": (("none",), _LEGACY_FUNCTIONS),
     "audio": ((), "only text output is supported"),
     "modalities": ((["text"],), "only text output is supported"),
     "web_search_options": ((), "there is no web search"),
@@ -170,8 +174,10 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
+    # Tool calling (`tools.py`): function tools, "none" | "auto" | "required" | a named function.
+    tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # None: true
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str | None = None
@@ -246,9 +252,53 @@ class ChatLogprobs(_Model):
     content: list[ChatLogprobToken] | None = None
 
 
+class _DropNone(_Model):
+    """Fields left unset (None) are not sent."""
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class FunctionCall(_Model):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolCall(_Model):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaFunctionCall(_DropNone):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(_DropNone):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
+
+
 class ChatResponseMessage(_Model):
+    """The reply; `content` is null when the reply is only tool calls. `reasoning_content` (with
+    --reasoning-parser) and `tool_calls` are sent only when there are some."""
+
     role: str = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        for key in ("reasoning_content", "tool_calls"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
 
 
 class ChatChoice(_Model):
@@ -269,15 +319,13 @@ class ChatCompletionResponse(_Model):
     usage: UsageInfo
 
 
-class ChatDelta(_Model):
+class ChatDelta(_DropNone):
     """A streamed message increment; fields left unset are not sent, as OpenAI does."""
 
     role: str | None = None
     content: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _drop_none(self, handler: Any) -> dict[str, Any]:
-        return {k: v for k, v in handler(self).items() if v is not None}
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(_Model):
@@ -316,6 +364,7 @@ class TokenizeRequest(_Model):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[Any] | None = None  # given to the chat template, as on chat
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False

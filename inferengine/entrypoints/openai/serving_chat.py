@@ -1,4 +1,8 @@
-"""`POST /v1/chat/completions`: messages through the chat template to replies, streamed or not."""
+"""`POST /v1/chat/completions`: messages through the chat template to replies, streamed or not.
+
+Tools (`tools.py`) go to the chat template; a forced tool_choice becomes structured output; the
+reply is read by `chat_reply.py` (reasoning split off, tool calls parsed).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from inferengine.entrypoints.cache_breakpoints import cache_breakpoints, take_cache_control
+from inferengine.entrypoints.openai.chat_reply import ForcedCalls, ReplyReader
 from inferengine.entrypoints.openai.errors import stream_error_event
 from inferengine.entrypoints.openai.protocol import (
     ChatChoice,
@@ -20,14 +25,13 @@ from inferengine.entrypoints.openai.protocol import (
     ChatDelta,
     ChatLogprobs,
     ChatMessage,
-    ChatResponseMessage,
     ChatStreamChoice,
 )
+from inferengine.entrypoints.openai.reasoning_parsers import REASONING_PARSERS, ReasoningParser
 from inferengine.entrypoints.openai.serving_engine import (
     OpenAIServing,
     make_usage,
     random_id,
-    refuse_unsupported,
     sse,
 )
 from inferengine.entrypoints.openai.streaming import (
@@ -37,7 +41,10 @@ from inferengine.entrypoints.openai.streaming import (
     close_streams,
     unless_disconnected,
 )
-from inferengine.errors import InvalidRequestError
+from inferengine.entrypoints.openai.structured_outputs import asking_fields
+from inferengine.entrypoints.openai.tool_parsers import TOOL_PARSERS, ToolParser
+from inferengine.entrypoints.openai.tools import ToolRequest, check_tools, template_tool_calls
+from inferengine.errors import ConfigError, InvalidRequestError
 from inferengine.outputs import CompletionOutput, RequestOutput
 from inferengine.retention import Retention
 from inferengine.sampling_params import RequestOutputKind, SamplingParams
@@ -45,10 +52,12 @@ from inferengine.sampling_params import RequestOutputKind, SamplingParams
 
 def message_dicts(messages: list[ChatMessage]) -> tuple[list[dict[str, Any]], dict[int, float]]:
     """Messages as the chat template wants them (content parts other than text refused, text
-    parts joined), and the lease in seconds of each message marked with `cache_control`."""
+    parts joined, tool call arguments as dicts), and the lease in seconds of each message marked
+    with `cache_control`."""
     dicts, leases = take_cache_control([m.model_dump(exclude_none=True) for m in messages])
     out = []
-    for item in dicts:
+    for index, item in enumerate(dicts):
+        template_tool_calls(item, index)
         content = item.get("content")
         if isinstance(content, list):
             texts = []
@@ -80,31 +89,67 @@ def chat_template_kwargs(req: Any) -> dict[str, Any]:
 
 
 class ServingChat(OpenAIServing):
+    """Chat replies. `tool_parser` (with `enable_auto_tools`) serves tool_choice "auto";
+    `reasoning_parser` splits the reasoning off replies; both are vLLM's names (`--tool-call-parser`,
+    `--reasoning-parser`)."""
+
+    def __init__(
+        self,
+        engine: Any,
+        log_requests: bool = True,
+        *,
+        enable_auto_tools: bool = False,
+        tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
+        exclude_tools_when_tool_choice_none: bool = False,
+    ):
+        super().__init__(engine, log_requests)
+        for kind, name, table in (
+            ("tool call", tool_parser, TOOL_PARSERS),
+            ("reasoning", reasoning_parser, REASONING_PARSERS),
+        ):
+            if name is not None and name not in table:
+                raise ConfigError(
+                    f"unknown {kind} parser {name!r}; choose one of {', '.join(table)}."
+                )
+        self.enable_auto_tools = enable_auto_tools
+        self.tool_parser: ToolParser | None = TOOL_PARSERS[tool_parser]() if tool_parser else None
+        self.reasoning_parser: ReasoningParser | None = (
+            REASONING_PARSERS[reasoning_parser]() if reasoning_parser else None
+        )
+        self.exclude_tools_when_tool_choice_none = exclude_tools_when_tool_choice_none
+
     async def create(
         self, req: ChatCompletionRequest, raw: Request
     ) -> Response | ChatCompletionResponse:
-        prompt, params, num_top, retention = self.prepare(req)
+        prompt, params, reader, retention = self.prepare(req)
         num_prompt = len(prompt["prompt_token_ids"])
         request_id = random_id("chatcmpl")
         streams = await self.start(request_id, [prompt], [params], req, retention)
         if req.stream:
-            return SSEResponse(self._stream(request_id, req, num_prompt, num_top, streams[0]))
+            return SSEResponse(self._stream(request_id, req, num_prompt, reader, streams[0]))
         return await unless_disconnected(
-            raw, self._full(request_id, num_prompt, num_top, streams[0])
+            raw, self._full(request_id, num_prompt, reader, streams[0])
         )
 
     def prepare(
         self, req: ChatCompletionRequest
-    ) -> tuple[dict[str, Any], SamplingParams, int | None, Retention]:
-        """Check the request; its templated prompt, `SamplingParams`, number of top logprobs
-        (None: no logprobs) and `Retention` (with the breakpoints of its `cache_control` marks).
-        Also used by run-batch."""
+    ) -> tuple[dict[str, Any], SamplingParams, ReplyReader, Retention]:
+        """Check the request; its templated prompt, `SamplingParams`, `ReplyReader` (how to read
+        the reply: logprobs, reasoning, tool calls) and `Retention` (with the breakpoints of its
+        `cache_control` marks). Also used by run-batch."""
         self.check_model(req.model)
         self.check_fields(req)
         self._check_unsupported(req)
+        tools = check_tools(req)
+        self._check_auto_tools(tools)
         retention = self.retention(req)
         messages, leases = message_dicts(req.messages)
         template_kwargs = chat_template_kwargs(req)
+        if tools is not None and not (
+            tools.choice == "none" and self.exclude_tools_when_tool_choice_none
+        ):
+            template_kwargs["tools"] = tools.tools
         processor = self.engine.input_processor
         prompt = processor.chat_prompt(messages, **template_kwargs)
         if leases:
@@ -120,7 +165,38 @@ class ServingChat(OpenAIServing):
             num_top = req.top_logprobs or 0
         kind = RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY
         params = self.sampling_params(req, max_tokens, kind, logprobs=num_top)
-        return prompt, params, num_top, retention
+        reader = self._reader(req, tools, params, num_top)
+        self._check_reasoning(req, params, tools, template_kwargs)
+        return prompt, params, reader, retention
+
+    def _reader(
+        self,
+        req: ChatCompletionRequest,
+        tools: ToolRequest | None,
+        params: SamplingParams,
+        num_top: int | None,
+    ) -> ReplyReader:
+        """How to read the reply; a forced tool choice sets `params`' structured output, and a
+        parser whose tags are special tokens has them decoded."""
+        reader = ReplyReader(num_top=num_top, reasoning=self.reasoning_parser)
+        parser = self.tool_parser
+        if parser is not None:
+            reader = dataclasses.replace(reader, make_call_id=parser.make_call_id)
+        if tools is not None and tools.forced:
+            self._check_structured_conflict(req, tools)
+            params.structured_outputs = tools.structured_outputs()
+            return dataclasses.replace(reader, forced=ForcedCalls(tools.name))
+        if tools is None or tools.choice != "auto" or parser is None:
+            return reader
+        reader = dataclasses.replace(
+            reader,
+            tool_parser=parser,
+            max_calls=None if tools.parallel else 1,
+            strip_stop_token=parser.keeps_special_tokens and params.skip_special_tokens,
+        )
+        if parser.keeps_special_tokens:
+            params.skip_special_tokens = False
+        return reader
 
     @staticmethod
     def _check_unsupported(req: ChatCompletionRequest) -> None:
@@ -128,20 +204,87 @@ class ServingChat(OpenAIServing):
             raise InvalidRequestError(
                 "top_logprobs needs logprobs to be true.", param="top_logprobs"
             )
-        # Tools with tool_choice "none" are accepted and left out of the prompt.
-        if req.tool_choice != "none":
-            refuse_unsupported("tools", req.tools)
-        refuse_unsupported("tool_choice", req.tool_choice)
+
+    def _check_auto_tools(self, tools: ToolRequest | None) -> None:
+        if (
+            tools is not None
+            and tools.choice == "auto"
+            and not (self.enable_auto_tools and self.tool_parser is not None)
+        ):
+            raise InvalidRequestError(
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to '
+                "be set: start the server with them (e.g. --enable-auto-tool-choice "
+                '--tool-call-parser hermes), or send tool_choice "required", a named function or '
+                '"none". (tool_choice is "auto" when tools are sent without it.)',
+                param="tool_choice",
+            )
+
+    @staticmethod
+    def _check_structured_conflict(req: ChatCompletionRequest, tools: ToolRequest) -> None:
+        fields = asking_fields(req)
+        if fields:
+            raise InvalidRequestError(
+                f"{fields[0]} and tool_choice {_describe_choice(tools)} both constrain the reply "
+                "(the forced tool choice is itself structured output); send only one of them.",
+                param=fields[0],
+            )
+
+    def _check_reasoning(
+        self,
+        req: ChatCompletionRequest,
+        params: SamplingParams,
+        tools: ToolRequest | None,
+        template_kwargs: dict[str, Any],
+    ) -> None:
+        """Structured output would constrain the reply from its first token, where a reasoning
+        model thinks: the engine cannot start a grammar after `</think>` yet, so that is a 400."""
+        parser = self.reasoning_parser
+        if parser is None or params.structured_outputs is None:
+            return
+        if parser.thinking_off(template_kwargs):
+            return
+        if tools is not None and tools.forced:
+            field, what = "tool_choice", f"tool_choice {_describe_choice(tools)}"
+        else:
+            field = asking_fields(req)[0]
+            what = field
+        hint = (
+            f", or turn thinking off with {parser.thinking_switch}"
+            if parser.thinking_switch
+            else ""
+        )
+        raise InvalidRequestError(
+            f"{what} asks for structured output, which is not supported with --reasoning-parser "
+            f"{parser.name} yet: the grammar would apply from the reply's first token, where the "
+            f"model writes its <think> block, and the engine cannot start it after </think>. "
+            f"Leave out {field}{hint}.",
+            param=field,
+        )
 
     def _logprobs(self, completion: CompletionOutput, num_top: int | None) -> ChatLogprobs | None:
         if num_top is None:
             return None
         return self.chat_logprobs(completion.token_ids, completion.logprobs or [], num_top)
 
+    def _text(self, completion: CompletionOutput, reader: ReplyReader) -> str:
+        """The completion's (new) text, less the stop token's text where special tokens were
+        decoded only for the tool parser."""
+        text = completion.text
+        if (
+            reader.strip_stop_token
+            and completion.finish_reason == "stop"
+            and not isinstance(completion.stop_reason, str)
+            and completion.token_ids
+        ):
+            stop_text = self.token_str(completion.token_ids[-1])
+            if stop_text and text.endswith(stop_text):
+                text = text[: -len(stop_text)]
+        return text
+
     # ---- non-streaming ---------------------------------------------------------------------
 
     async def _full(
-        self, request_id: str, num_prompt: int, num_top: int | None, stream: EngineStream
+        self, request_id: str, num_prompt: int, reader: ReplyReader, stream: EngineStream
     ) -> ChatCompletionResponse:
         final: RequestOutput | None = None
         try:
@@ -150,24 +293,26 @@ class ServingChat(OpenAIServing):
         finally:
             await stream.aclose()
         assert final is not None
-        return self.response(request_id, num_prompt, num_top, final)
+        return self.response(request_id, num_prompt, reader, final)
 
     def response(
-        self, request_id: str, num_prompt: int, num_top: int | None, final: RequestOutput
+        self, request_id: str, num_prompt: int, reader: ReplyReader, final: RequestOutput
     ) -> ChatCompletionResponse:
         """The non-streaming reply from the final output (also used by run-batch)."""
         if final.error:
             raise InvalidRequestError(final.error)
-        choices = [
-            ChatChoice(
-                index=c.index,
-                message=ChatResponseMessage(content=c.text),
-                logprobs=self._logprobs(c, num_top),
-                finish_reason=c.finish_reason,
-                stop_reason=c.stop_reason,
+        choices = []
+        for c in sorted(final.outputs, key=lambda c: c.index):
+            message, finish_reason = reader.message(self._text(c, reader), c.finish_reason)
+            choices.append(
+                ChatChoice(
+                    index=c.index,
+                    message=message,
+                    logprobs=self._logprobs(c, reader.num_top),
+                    finish_reason=finish_reason,
+                    stop_reason=c.stop_reason,
+                )
             )
-            for c in sorted(final.outputs, key=lambda c: c.index)
-        ]
         completion_tokens = sum(len(c.token_ids) for c in final.outputs)
         return ChatCompletionResponse(
             id=request_id,
@@ -183,7 +328,7 @@ class ServingChat(OpenAIServing):
         request_id: str,
         req: ChatCompletionRequest,
         num_prompt: int,
-        num_top: int | None,
+        reader: ReplyReader,
         stream: EngineStream,
     ) -> AsyncGenerator[str, None]:
         created = int(time.time())
@@ -194,6 +339,7 @@ class ServingChat(OpenAIServing):
             )
 
         completion_tokens = cached = 0
+        replies = [reader.stream() for _ in range(req.n)]
         try:
             role_sent = False
             async for output in stream:
@@ -206,15 +352,18 @@ class ServingChat(OpenAIServing):
                         yield sse(chunk([ChatStreamChoice(index=i, delta=role)]))
                 for c in output.outputs:
                     completion_tokens += len(c.token_ids)
-                    logprobs = self._logprobs(c, num_top) if c.token_ids else None
+                    logprobs = self._logprobs(c, reader.num_top) if c.token_ids else None
                     # A chunk for every new token, even one with no text yet (as vLLM sends).
                     if not c.text and not c.token_ids and c.finish_reason is None:
                         continue
+                    delta, finish_reason = replies[c.index].feed(
+                        self._text(c, reader), c.finish_reason
+                    )
                     choice = ChatStreamChoice(
                         index=c.index,
-                        delta=ChatDelta(content=c.text) if c.text else ChatDelta(),
+                        delta=delta,
                         logprobs=logprobs,
-                        finish_reason=c.finish_reason,
+                        finish_reason=finish_reason,
                         stop_reason=c.stop_reason,
                     )
                     yield sse(chunk([choice]))
@@ -229,3 +378,7 @@ class ServingChat(OpenAIServing):
         finally:
             await close_streams([stream])
         yield SSE_DONE
+
+
+def _describe_choice(tools: ToolRequest) -> str:
+    return f"naming {tools.name!r}" if tools.name is not None else repr(tools.choice)

@@ -32,6 +32,7 @@ from inferengine.entrypoints.openai.streaming import (
     close_streams,
     unless_disconnected,
 )
+from inferengine.entrypoints.openai.tools import check_tool_list
 from inferengine.errors import InvalidRequestError
 from inferengine.outputs import CompletionOutput
 from inferengine.sampling_params import RequestOutputKind
@@ -46,7 +47,11 @@ class ServingTokens(OpenAIServing):
             raise InvalidRequestError("send exactly one of prompt or messages.", param="prompt")
         if req.messages is not None:
             messages, _ = message_dicts(req.messages)  # cache_control marks change no token
-            prompt = self.engine.input_processor.chat_prompt(messages, **chat_template_kwargs(req))
+            kwargs = chat_template_kwargs(req)
+            if req.tools:
+                check_tool_list(req.tools)
+                kwargs["tools"] = req.tools
+            prompt = self.engine.input_processor.chat_prompt(messages, **kwargs)
             ids = prompt["prompt_token_ids"]
         else:
             assert req.prompt is not None

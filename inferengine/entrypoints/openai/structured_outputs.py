@@ -34,13 +34,19 @@ _REFUSED_KEYS = {
 }
 
 
+def asking_fields(req: Any) -> list[str]:
+    """The request's fields that ask for structured output (response_format "text" does not)."""
+    asking = [name for name in _FIELDS if getattr(req, name) is not None]
+    if req.response_format is not None and req.response_format.get("type") == "text":
+        asking.remove("response_format")
+    return asking
+
+
 def structured_outputs(req: Any) -> StructuredOutputsParams | None:
     """The structured output the request asks for, its grammar checked; None when no field asks.
     More than one field asking is a 400 naming both."""
     _check_backend(req.guided_decoding_backend)
-    asking = [name for name in _FIELDS if getattr(req, name) is not None]
-    if req.response_format is not None and req.response_format.get("type") == "text":
-        asking.remove("response_format")
+    asking = asking_fields(req)
     if not asking:
         return None
     if len(asking) > 1:

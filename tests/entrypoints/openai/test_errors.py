@@ -121,8 +121,13 @@ def test_bad_chat_parameters(client):
     base = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "hi"}]}
     assert_error(client.post("/v1/chat/completions", json=base | {"top_logprobs": 2}), 400)
     assert_error(client.post("/v1/chat/completions", json=base | {"messages": []}), 400)
-    tools = [{"type": "function", "function": {"name": "f"}}]
-    assert_error(client.post("/v1/chat/completions", json=base | {"tools": tools}), 400, "tools")
+    tools = [{"type": "function", "function": {"name": "f"}}]  # "auto" needs the tool flags
+    assert_error(
+        client.post("/v1/chat/completions", json=base | {"tools": tools}), 400, "tool_choice"
+    )
+    tools = [{"type": "function", "function": {}}]
+    response = client.post("/v1/chat/completions", json=base | {"tools": tools})
+    assert_error(response, 400, "tools[0].function.name")
 
 
 def test_malformed_json(client):

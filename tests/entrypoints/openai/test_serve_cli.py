@@ -28,3 +28,39 @@ def test_server_flags_from_environment(monkeypatch):
     assert (args.port, args.host, args.disable_log_requests) == (9100, "0.0.0.0", True)
     assert args.max_request_body_bytes == 1024
     assert parser.parse_args(["--port", "1"]).port == 1  # a flag beats the environment
+
+
+def test_tool_and_reasoning_flags(monkeypatch, capsys):
+    import pytest
+
+    from inferengine.entrypoints.cli.main import main
+    from inferengine.entrypoints.openai.config import ServerConfig
+    from inferengine.errors import ConfigError
+
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "m",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "llama3_json",
+            "--reasoning-parser",
+            "deepseek_r1",
+        ]
+    )
+    assert args.enable_auto_tool_choice and args.tool_call_parser == "llama3_json"
+    assert args.reasoning_parser == "deepseek_r1" and not args.exclude_tools_when_tool_choice_none
+    defaults = build_parser().parse_args(["serve", "m"])
+    assert defaults.tool_call_parser is None and defaults.reasoning_parser is None
+    with pytest.raises(SystemExit):  # not a parser's name
+        build_parser().parse_args(["serve", "m", "--tool-call-parser", "nope"])
+    monkeypatch.setenv("INFERENGINE_TOOL_CALL_PARSER", "mistral")
+    parser = argparse.ArgumentParser()
+    add_server_args(parser)
+    assert parser.parse_args([]).tool_call_parser == "mistral"
+    # vLLM's rule: auto tool choice needs a parser; the command fails before loading a model
+    with pytest.raises(ConfigError, match="--tool-call-parser"):
+        ServerConfig(enable_auto_tool_choice=True)
+    monkeypatch.delenv("INFERENGINE_TOOL_CALL_PARSER")
+    assert main(["serve", "no-such-model", "--enable-auto-tool-choice"]) == 1
+    assert "--enable-auto-tool-choice needs --tool-call-parser" in capsys.readouterr().err

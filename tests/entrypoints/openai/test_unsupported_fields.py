@@ -19,10 +19,9 @@ _TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "o
 
 # (url, fields, the param the error names)
 REFUSED = [
-    (CHAT, {"tools": [_TOOL]}, "tools"),
-    (CHAT, {"tools": [_TOOL], "tool_choice": "required"}, "tools"),
-    (CHAT, {"tool_choice": "required"}, "tool_choice"),
+    # (tool calling on chat: test_tools_api.py and test_tools_e2e.py)
     (COMPLETIONS, {"tools": [_TOOL]}, "tools"),
+    (COMPLETIONS, {"tool_choice": "required"}, "tool_choice"),
     (CHAT, {"functions": [_TOOL["function"]]}, "functions"),
     (CHAT, {"function_call": "auto"}, "function_call"),
     (CHAT, {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
@@ -82,8 +81,9 @@ def test_unsupported_field_is_a_400_naming_it(client, url, fields, param):
     [
         # Values that ask for nothing, as some clients send them.
         (CHAT, {"functions": None, "function_call": "none", "modalities": ["text"]}),
-        (CHAT, {"tools": [_TOOL], "tool_choice": "none"}),  # tools left out of the prompt
-        (CHAT, {"tool_choice": "auto", "response_format": {"type": "text"}, "echo": False}),
+        (CHAT, {"tools": [_TOOL], "tool_choice": "none"}),  # the model is told not to call
+        (CHAT, {"tool_choice": "none", "response_format": {"type": "text"}, "echo": False}),
+        (COMPLETIONS, {"tool_choice": "auto", "functions": []}),
         (COMPLETIONS, {"best_of": 1, "use_beam_search": False, "length_penalty": 1.0}),
         (COMPLETIONS, {"priority": 0, "guided_json": None, "bad_words": []}),
         # Harmless to ignore: they change nothing about the reply.
