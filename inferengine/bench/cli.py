@@ -188,7 +188,6 @@ def agent_workload_from_args(args: argparse.Namespace):
 
 def agent_handler(args: argparse.Namespace) -> int:
     from inferengine.bench.agent_paired import AgentBenchConfig, run_agent_bench
-    from inferengine.bench.gates import parse_gate
     from inferengine.bench.systems import SystemSpec, parse_system
 
     tokenizer = args.tokenizer or args.model_dir
@@ -202,16 +201,7 @@ def agent_handler(args: argparse.Namespace) -> int:
     cfg = AgentBenchConfig(
         workload=agent_workload_from_args(args),
         systems=systems,
-        tokenizer=tokenizer,
-        model=args.model,
-        model_dir=args.model_dir,
-        out_dir=args.out_dir,
-        name=args.name,
-        gates=[parse_gate(g) for g in args.gate],
-        repeats=args.repeats,
-        start_repeat=args.start_repeat,
-        health_timeout_s=args.health_timeout,
-        stop_timeout_s=args.stop_timeout,
+        **_run_fields(args, tokenizer),
         command_line=shlex.join(["inferengine", *sys.argv[1:]]),
         revision=args.revision,
     )
@@ -270,7 +260,6 @@ def serve_handler(args: argparse.Namespace) -> int:
 
 
 def paired_handler(args: argparse.Namespace) -> int:
-    from inferengine.bench.gates import parse_gate
     from inferengine.bench.paired import PairedConfig, run_paired, vllm_available
     from inferengine.bench.systems import parse_system
 
@@ -286,18 +275,9 @@ def paired_handler(args: argparse.Namespace) -> int:
     cfg = PairedConfig(
         systems=[parse_system(s, args.model_dir, served) for s in args.system],
         workloads=paired_workloads(args),
-        tokenizer=tokenizer,
-        model=args.model,
-        model_dir=args.model_dir,
-        out_dir=args.out_dir,
-        name=args.name,
-        gates=[parse_gate(g) for g in args.gate],
-        repeats=args.repeats,
-        start_repeat=args.start_repeat,
+        **_run_fields(args, tokenizer),
         judge=judge,
         our_client=args.our_client,
-        health_timeout_s=args.health_timeout,
-        stop_timeout_s=args.stop_timeout,
         gpu_interval_s=args.gpu_interval,
         vllm_python=args.vllm_python,
         vllm_pythonpath=args.vllm_pythonpath,
@@ -337,3 +317,21 @@ def plot_handler(args: argparse.Namespace) -> int:
     for path in plot_results(args.result_dir):
         print(f"wrote {path}")
     return 0
+
+
+def _run_fields(args: argparse.Namespace, tokenizer: str) -> dict:
+    """The settings every paired run shares: model, output, gates, rounds, server timeouts."""
+    from inferengine.bench.gates import parse_gate
+
+    return dict(
+        tokenizer=tokenizer,
+        model=args.model,
+        model_dir=args.model_dir,
+        out_dir=args.out_dir,
+        name=args.name,
+        gates=[parse_gate(g) for g in args.gate],
+        repeats=args.repeats,
+        start_repeat=args.start_repeat,
+        health_timeout_s=args.health_timeout,
+        stop_timeout_s=args.stop_timeout,
+    )
