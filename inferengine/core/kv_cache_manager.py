@@ -10,6 +10,7 @@ before it is read.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ class KVCacheManager:
         self.offloads: list[tuple[int, int]] = []  # (GPU page, host slot), this step
         self.loads: list[tuple[int, int]] = []  # (host slot, GPU page), this step
         self.sessions: dict[str, float] = {}  # session key -> end of its longest lease
+        self._session_ends: list[tuple[float, str]] = []  # heap of (lease end, session key)
 
     @property
     def usage(self) -> float:
@@ -175,15 +177,17 @@ class KVCacheManager:
                 if self.host is not None and block.block_hash in self.host:
                     self.host.lease(block.block_hash, end)
         if request.cache_key is not None and ends:
-            self.sessions[request.cache_key] = max(self.sessions.get(request.cache_key, 0), *ends)
+            end = max(self.sessions.get(request.cache_key, 0.0), *ends)
+            self.sessions[request.cache_key] = end
+            heapq.heappush(self._session_ends, (end, request.cache_key))
 
     # ---- the CPU tier ------------------------------------------------------------------
 
     def _save_evicted(self) -> None:
         """Cached pages just taken for reuse go to the CPU tier first (unless already there)."""
-        evicted, self.pool.evicted = self.pool.evicted, []
-        if self.host is None:
+        if self.host is None or not self.pool.evicted:  # the pool notes none without a tier
             return
+        evicted, self.pool.evicted = self.pool.evicted, []
         for block_hash, block_id, lease_until in evicted:
             if block_hash in self.host:
                 if lease_until > 0.0:
@@ -224,8 +228,11 @@ class KVCacheManager:
 
     @property
     def num_live_sessions(self) -> int:
-        now = self.clock()
-        self.sessions = {k: end for k, end in self.sessions.items() if end > now}
+        now, heap = self.clock(), self._session_ends
+        while heap and heap[0][0] <= now:  # entries a longer lease replaced are skipped
+            end, key = heapq.heappop(heap)
+            if self.sessions.get(key) == end:
+                del self.sessions[key]
         return len(self.sessions)
 
     def get_block_ids(self, request_id: str) -> list[int]:
@@ -237,4 +244,5 @@ class KVCacheManager:
         if self.host is not None:
             self.host.clear()
         self.sessions.clear()
+        self._session_ends.clear()
         return True

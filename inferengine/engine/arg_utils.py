@@ -342,11 +342,9 @@ def _host_memory_available() -> int | None:
 def _check_offloading(
     size_gib: float | None, prefix_caching: bool, speculative: SpeculativeConfig | None
 ) -> None:
-    """Refuse, at start-up, a CPU tier that cannot work."""
-    if not size_gib:
+    """Refuse, at start-up, a CPU tier that cannot work (CacheConfig refuses a negative size)."""
+    if not size_gib or size_gib < 0:
         return
-    if size_gib < 0:
-        raise ConfigError(f"--kv-offloading-size is GiB, 0 or more; got {size_gib}.")
     if not prefix_caching:
         raise ConfigError(
             "--kv-offloading-size keeps cached prefixes, so it needs prefix caching: drop "

@@ -82,15 +82,14 @@ def run_worker(
                     deferred = (seq, step)
                     continue
                 kind, result = "output", step.resolve()
-            elif method_name == "grammar":
+            elif method_name == "grammar":  # the masks of the deferred step: its reply follows
                 assert deferred is not None, "grammar masks for no step"
                 (seq, step), deferred = deferred, None
                 step.provide_grammar(*_decode_any(payload))
                 kind, result = "output", step.resolve()
-                method_name = "execute"  # the reply answers the step
             else:
                 kind, result = _call(worker, method_name, payload)
-            if method_name in ("execute", "propose_drafts") and not answers_steps:
+            if method_name in ("execute", "grammar", "propose_drafts") and not answers_steps:
                 continue
             send(kind, seq, result)
     except BaseException as e:  # every failure is reported, then the rank exits

@@ -12,8 +12,6 @@ import torch
 if TYPE_CHECKING:
     from inferengine.worker.model_runner import RequestState
 
-_BITS = torch.arange(32, dtype=torch.int32)
-
 
 def apply_grammar_bitmask(
     logits: torch.Tensor,
@@ -30,7 +28,7 @@ def apply_grammar_bitmask(
     rows = [row for r in req_ids for row in range(block[r][0], sum(block[r]))]
     words = np.frombuffer(bitmask, dtype=np.int32).reshape(len(rows), -1)
     packed = torch.from_numpy(words.copy()).to(logits.device, non_blocking=True)
-    bits = _BITS.to(logits.device)
+    bits = torch.arange(32, dtype=torch.int32, device=logits.device)
     allowed = ((packed.unsqueeze(-1) >> bits) & 1).bool().flatten(1)[:, : logits.shape[-1]]
     index = torch.tensor(rows, device=logits.device)
     logits[index] = logits[index].masked_fill(~allowed, float("-inf"))

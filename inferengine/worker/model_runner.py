@@ -33,7 +33,12 @@ from inferengine.worker.cuda_graphs import CudaGraphRunner, GraphShape
 from inferengine.worker.grammar_mask import apply_grammar_bitmask
 from inferengine.worker.input_batch import InputBuffers, StepLayout
 from inferengine.worker.kv_offload import HostKVTier
-from inferengine.worker.pending_step import DeferredSampling, PendingStep, SpecResult
+from inferengine.worker.pending_step import (
+    DeferredSampling,
+    PendingStep,
+    SpecResult,
+    append_tokens,
+)
 
 
 @dataclass(slots=True)
@@ -146,16 +151,10 @@ class ModelRunner:
             self._append_blocks(state, cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
             if cached.new_token_ids and not is_last_stage():  # the last stage sampled them
-                self._append_tokens(state, cached.new_token_ids)
+                append_tokens(self.buffers.token_ids, state, cached.new_token_ids)
         for req_id, drafts in so.scheduled_spec_decode_tokens.items():
             state = self.requests[req_id]
             buffers.token_ids[state.row, state.num_tokens : state.num_tokens + len(drafts)] = drafts
-
-    def _append_tokens(self, state: RequestState, tokens: list[int]) -> None:
-        end = state.num_tokens + len(tokens)
-        self.buffers.token_ids[state.row, state.num_tokens : end] = tokens
-        state.output_token_ids.extend(tokens)
-        state.num_tokens = end
 
     def _append_blocks(self, state: RequestState, block_ids: list[int]) -> None:
         if block_ids:

@@ -55,6 +55,15 @@ def accept_greedy(argmax: list[int], drafts: list[list[int]]) -> list[list[int]]
     return emitted
 
 
+def append_tokens(token_buffer, state: RequestState, tokens: list[int]) -> None:
+    """Add a request's new tokens to its state and its row of the token buffer (tokens past
+    the buffer's width, which no step reads, are counted but not stored)."""
+    state.output_token_ids.extend(tokens)
+    end = min(state.num_tokens + len(tokens), token_buffer.shape[1])
+    token_buffer[state.row, state.num_tokens : end] = tokens[: end - state.num_tokens]
+    state.num_tokens += len(tokens)
+
+
 class PendingStep:
     def __init__(
         self,
@@ -124,17 +133,11 @@ class PendingStep:
 
     def _fold(self, emitted: list[list[int]], logprobs: list | None) -> ModelRunnerOutput:
         out = self.output
-        width = self.token_buffer.shape[1]
         for i, (row, state) in enumerate(zip(self.sample_rows, self.states, strict=True)):
             tokens = emitted[i]
             out.sampled_token_ids[row] = tokens
             if state.row >= 0:  # a request that finished meanwhile keeps no state
-                state.output_token_ids.extend(tokens)
-                end = min(state.num_tokens + len(tokens), width)
-                self.token_buffer[state.row, state.num_tokens : end] = tokens[
-                    : end - state.num_tokens
-                ]
-                state.num_tokens += len(tokens)
+                append_tokens(self.token_buffer, state, tokens)
             num_top = state.sampling_params.logprobs
             j = i if self._result_row is None else self._result_row.get(i)
             if num_top is not None and logprobs is not None and j is not None:

@@ -9,6 +9,7 @@ reassembled stream equals the whole reply by construction.
 
 from __future__ import annotations
 
+import abc
 import json
 import secrets
 import string
@@ -87,16 +88,16 @@ def call_from(obj: Any, argument_keys: tuple[str, ...]) -> ParsedCall | None:
     return ParsedCall(name, json.dumps(args, ensure_ascii=False))
 
 
-class ToolParser:
+class ToolParser(abc.ABC):
     """Base class; a subclass sets `name` and implements `scan`."""
 
     name: ClassVar[str] = ""
     # Its tags are special tokens, so the reply is decoded with them (skip_special_tokens off).
     keeps_special_tokens: ClassVar[bool] = False
 
+    @abc.abstractmethod
     def scan(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
         """The text outside tool calls, and the calls (see the module docstring)."""
-        raise NotImplementedError
 
     def extract(self, text: str) -> tuple[str | None, list[ParsedCall]]:
         """A whole reply: its content (None if none) and its calls. A call whose text does not
