@@ -22,6 +22,11 @@ class StructuredOutputsParams:
     # JSON without whitespace between tokens (vLLM's disable-any-whitespace), always on here:
     # a weak model cannot spend its token budget on spaces.
     disable_any_whitespace: bool = True
+    # Reasoning models (set by `--reasoning-parser`, not by clients): the grammar starts after
+    # the token that ends the reasoning block (`</think>`), unless the prompt already closed the
+    # block (its last end token after its last start token, as a template with thinking off).
+    reasoning_start_token_id: int | None = None
+    reasoning_end_token_id: int | None = None
 
     def __post_init__(self) -> None:
         given = [k for k in _KINDS if getattr(self, k) not in (None, False)]
@@ -50,6 +55,15 @@ class StructuredOutputsParams:
                 "a JSON schema must be a JSON object.", param="structured_outputs.json"
             )
 
+    def reasoning_ended_in(self, prompt_token_ids: list[int]) -> bool:
+        """Whether the grammar applies from the first output token of this prompt."""
+        end = self.reasoning_end_token_id
+        if end is None:
+            return True
+        last_end = _last_index(prompt_token_ids, end)
+        last_start = _last_index(prompt_token_ids, self.reasoning_start_token_id)
+        return last_end > last_start
+
     @property
     def kind(self) -> str:
         return next(k for k in _KINDS if getattr(self, k) not in (None, False))
@@ -61,3 +75,12 @@ class StructuredOutputsParams:
         value = getattr(self, self.kind)
         text = value if isinstance(value, str) else json.dumps(value)
         return self.kind, text
+
+
+def _last_index(token_ids: list[int], token_id: int | None) -> int:
+    if token_id is None:
+        return -1
+    for i in range(len(token_ids) - 1, -1, -1):
+        if token_ids[i] == token_id:
+            return i
+    return -1

@@ -154,3 +154,38 @@ def test_masks_made_while_the_next_forward_runs_give_the_same_text(tiny_checkpoi
     assert any(deferred) and not all(deferred)
     for text in texts[True]:
         jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def _first_new_token_from(tokens: list[int], start: int) -> int:
+    """The index of the first token at or after `start` that did not occur before it."""
+    return next(k for k in range(start, len(tokens)) if tokens[k] not in tokens[:k])
+
+
+def test_a_reasoning_models_grammar_starts_after_its_end_token(llm):
+    """Until the end-of-reasoning token the output is the unconstrained greedy one; after it,
+    the grammar holds; a prompt that closed the block itself gets the grammar at once."""
+    free = SamplingParams(temperature=0, max_tokens=16)
+    prompts = [{"prompt_token_ids": [5 + i, 6, 7]} for i in range(20)]
+    outputs = llm.generate(prompts, free, use_tqdm=False)
+    # a prompt whose greedy reply runs on (does not end at once)
+    prompt, tokens = next(
+        (p, o.outputs[0].token_ids)
+        for p, o in zip(prompts, outputs, strict=True)
+        if len(o.outputs[0].token_ids) == 16
+    )
+    k = _first_new_token_from(tokens, 2)
+    end = tokens[k]
+    structured = StructuredOutputsParams(
+        regex=r"[0-9]{4}", reasoning_start_token_id=3, reasoning_end_token_id=end
+    )
+    params = SamplingParams(temperature=0, max_tokens=40, structured_outputs=structured)
+    (out,) = llm.generate([prompt], params, use_tqdm=False)
+    got = out.outputs[0]
+    assert got.token_ids[: k + 1] == tokens[: k + 1]
+    assert got.finish_reason == "stop"
+    assert re.fullmatch(
+        r"[0-9]{4}", llm.get_tokenizer().decode(got.token_ids[k + 1 :], skip_special_tokens=True)
+    )
+    closed = {"prompt_token_ids": [3, 9, end, 5]}  # start ... end: reasoning already over
+    (out,) = llm.generate([closed], params, use_tqdm=False)
+    assert re.fullmatch(r"[0-9]{4}", out.outputs[0].text)
