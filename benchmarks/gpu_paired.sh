@@ -3,7 +3,9 @@
 # the README, the launch order alternating from round to round:
 #   GIT_REV=<sha> bash benchmarks/gpu_paired.sh 0:short 0:long   # then 1:..., then 2:...
 # K:short runs round K of w1, batch1, c256 and shared-prefix against servers at
-# --max-model-len 2048, K:long round K of long-prompt against servers at 8192 (split the items
+# --max-model-len 2048, K:json round K of the JSON-schema workloads and their plain twins (vLLM
+# with its default structured-output backend, xgrammar, for these schemas) at 2048,
+# K:long round K of long-prompt against servers at 8192 (split the items
 # over calls so that each stays within the device's 10 minutes); `vllm bench serve` judges.
 # Each folder comes back as a tarball; benchmarks/readme_performance.py reads the rounds
 # together.
@@ -39,7 +41,10 @@ for item in "$@"; do
       --gate 'w1:output_throughput>=1.05' --gate 'w1:median_itl_ms<=6.0@inferengine' \
       --gate 'w1:median_ttft_ms<=1.0' --gate 'ready_s<=30@inferengine' \
       --gate 'batch1:median_tpot_ms<=5.7@inferengine' --gate 'c256:output_throughput>=1.0';;
+    json) run_set "${item%%:*}" json-paired 2048 \
+      --workload json-c16-plain --workload json-c16 --workload json-c64-plain --workload json-c64 \
+      --gate 'json-c16:output_throughput>=1.0' --gate 'json-c64:output_throughput>=1.0';;
     long) run_set "${item%%:*}" long-prompt-paired 8192 --workload long-prompt;;
-    *) echo "unknown item $item: write ROUND:short or ROUND:long" >&2; exit 2;;
+    *) echo "unknown item $item: write ROUND:short, ROUND:json or ROUND:long" >&2; exit 2;;
   esac
 done

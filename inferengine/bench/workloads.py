@@ -6,11 +6,15 @@ input-grounded chat prompts of benchmarks/data/grounded-smollm2.jsonl (quote, ed
 summarise a given text; SmolLM2's chat format) and lets the model stop at its end of turn. All
 run at temperature 0 and warm each server up with the same requests before it is measured.
 `long-prompt` needs a server started with `--max-model-len 8192` or more; the others fit 2048.
+The `json-*` workloads sample at temperature 1.0 (greedy decoding of random weights tends to
+repeat one allowed token); `json-c16`/`json-c64` send the same requests as `json-c16-plain`/
+`json-c64-plain` with a JSON schema on each (vLLM's `structured_outputs` field, which both servers
+read), so only the grammar's cost differs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from inferengine.bench.config import PERCENTILE_METRICS, DatasetConfig, WorkloadConfig
 from inferengine.errors import ConfigError
@@ -64,6 +68,40 @@ def _random(
     )
 
 
+# A record with a bounded name and tags and an open-ended summary: the grammar holds every token
+# (random weights rarely close the last string, so replies run to their length like the twins').
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "name": {"type": "string", "maxLength": 24},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
+        "summary": {"type": "string"},
+    },
+    "required": ["id", "name", "tags", "summary"],
+    "additionalProperties": False,
+}
+
+
+def _json_pair(concurrency: int, num_prompts: int) -> dict[str, tuple[str, WorkloadConfig]]:
+    """W1's lengths at `concurrency`, sampled: the plain twin and the one under the schema."""
+    description, plain = _random(
+        f"{num_prompts} prompts, in 256 ±50%, out 64 ±50%, concurrency {concurrency}, "
+        "temperature 1.0",
+        input_len=256, output_len=64, range_ratio=0.5, num_prompts=num_prompts,
+        concurrency=concurrency, warmups=16,
+    )  # fmt: skip
+    plain = replace(plain, temperature=1.0)
+    body = {"structured_outputs": {"json": JSON_SCHEMA}}
+    return {
+        f"json-c{concurrency}-plain": (description, plain),
+        f"json-c{concurrency}": (
+            f"{description}, a JSON schema on every request",
+            replace(plain, extra_body=body),
+        ),
+    }
+
+
 _DEFINITIONS: dict[str, tuple[str, WorkloadConfig]] = {
     "w1": _random(
         "100 prompts, in 256 ±50%, out 64 ±50%, concurrency 16",
@@ -105,6 +143,7 @@ _DEFINITIONS: dict[str, tuple[str, WorkloadConfig]] = {
         ),
     ),
 }  # fmt: skip
+_DEFINITIONS |= _json_pair(16, 100) | _json_pair(64, 320)
 
 WORKLOADS: dict[str, NamedWorkload] = {
     name: NamedWorkload(name, description, workload)

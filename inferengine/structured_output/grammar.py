@@ -57,9 +57,16 @@ def check_grammar(params: StructuredOutputsParams, tokenizer: Any) -> None:
         )
 
 
+def mask_width(hf_tokenizer: Any, vocab_size: int) -> int:
+    """Token ids a mask covers: the model's vocabulary (logits width), or the tokenizer's if it
+    has more (added tokens past the embedding, which the worker's mask cuts off again)."""
+    return max(vocab_size, len(hf_tokenizer))
+
+
 def make_tokenizer(hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int]):
-    """llguidance's view of the tokenizer, over the model's whole vocabulary (logits width);
-    every id that ends a request counts as its end of text."""
+    """llguidance's view of the tokenizer, over `mask_width` ids; every id that ends a request
+    counts as its end of text."""
     import llguidance.hf
 
-    return llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=eos_token_ids)
+    n_vocab = mask_width(hf_tokenizer, vocab_size)
+    return llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=n_vocab, eos_token=eos_token_ids)

@@ -22,7 +22,7 @@ import numpy as np
 
 from inferengine.core.request import Request
 from inferengine.logger import init_logger
-from inferengine.structured_output.grammar import grammar_text, make_tokenizer
+from inferengine.structured_output.grammar import grammar_text, make_tokenizer, mask_width
 
 logger = init_logger(__name__)
 
@@ -62,6 +62,8 @@ class StructuredOutputManager:
                 from inferengine.engine.input_processor import load_tokenizer
 
                 self._hf_tokenizer = load_tokenizer(self.tokenizer_path)
+                # set before any matcher is handed out, so every mask has this width
+                self.words = (mask_width(self._hf_tokenizer, self.vocab_size) + 31) // 32
             tokenizer = make_tokenizer(self._hf_tokenizer, self.vocab_size, list(eos))
             self._ll_tokenizers[eos] = tokenizer
         assert params.structured_outputs is not None

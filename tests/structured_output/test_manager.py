@@ -40,8 +40,8 @@ def _ready(manager: StructuredOutputManager, *requests: Request) -> dict[str, Re
     return {r.request_id: r for r in requests}
 
 
-def _allowed(mask: bytes, row: int) -> set[int]:
-    words = np.frombuffer(mask, np.int32).reshape(-1, (VOCAB_SIZE + 31) // 32)[row]
+def _allowed(mask: bytes, row: int, width: int = (VOCAB_SIZE + 31) // 32) -> set[int]:
+    words = np.frombuffer(mask, np.int32).reshape(-1, width)[row]
     bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:VOCAB_SIZE]
     return set(np.flatnonzero(bits).tolist())
 
@@ -117,3 +117,16 @@ def test_a_reasoning_grammar_starts_after_the_end_token_even_mid_draft(manager):
     assert manager.accept("thinking", [x, end, one]) == (True, False)
     assert "thinking" not in manager.reasoning
     assert manager.accept("thinking", [x]) == (False, True)  # now the grammar holds
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_still_gets_masks(tiny_checkpoint):
+    """The tiny qwen2 tokenizer adds a pad token past the model's 320 ids: masks cover the
+    tokenizer (the worker cuts them to the logits)."""
+    manager = StructuredOutputManager(str(tiny_checkpoint("qwen2")), VOCAB_SIZE)
+    try:
+        requests = _ready(manager, _request("r", StructuredOutputsParams(regex=REGEX)))
+        rows, mask = manager.bitmask(["r"], requests, {})
+        assert rows == ["r"] and manager.words * 32 > VOCAB_SIZE
+        assert _token(manager, "1") in _allowed(mask, 0, manager.words)
+    finally:
+        manager.shutdown()
