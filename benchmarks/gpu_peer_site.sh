@@ -6,6 +6,16 @@ if [ ! -d /tmp/vllm-site/vllm ]; then
   cat /tmp/vllm-parts/part.00 .peer2/part.0* | xz -dc | tar x -C /tmp/vllm-site || exit 1
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/vllm-site .peer2/w/*.whl || exit 1
 fi
+# vLLM validates any structured-output request through lm-format-enforcer's module, which its
+# stripped site lacks: carry .whl (../shared/gpu/wheelhouse.sh lm-format-enforcer interegular).
+if [ ! -d /tmp/vllm-site/lmformatenforcer ] && ls .whl/lm_format_enforcer-* >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/vllm-site \
+    .whl/lm_format_enforcer-* .whl/interegular-* || exit 1
+fi
+if [ ! -d /tmp/site/llguidance ]; then  # our structured output (a dependency of ours)
+  g=$(ls .whl/llguidance-* 2>/dev/null || ls .peer2/w/llguidance-*)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $g || exit 1
+fi
 if [ ! -d /tmp/site/fastapi ]; then
   w=.peer2/w
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \

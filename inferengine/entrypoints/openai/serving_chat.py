@@ -1,7 +1,8 @@
 """`POST /v1/chat/completions`: messages through the chat template to replies, streamed or not.
 
-Tools (`tools.py`) go to the chat template; a forced tool_choice becomes structured output; the
-reply is read by `chat_reply.py` (reasoning split off, tool calls parsed).
+Tools (`tools.py`) go to the chat template; a forced tool_choice becomes structured output, which
+with a reasoning parser starts after `</think>`; the reply is read by `chat_reply.py` (reasoning
+split off, tool calls parsed from the content after it).
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ from inferengine.entrypoints.openai.protocol import (
     ChatMessage,
     ChatStreamChoice,
 )
-from inferengine.entrypoints.openai.reasoning_parsers import REASONING_PARSERS, ReasoningParser
+from inferengine.entrypoints.openai.reasoning_parsers import (
+    END,
+    REASONING_PARSERS,
+    START,
+    ReasoningParser,
+)
 from inferengine.entrypoints.openai.serving_engine import (
     OpenAIServing,
     make_usage,
@@ -117,6 +123,14 @@ class ServingChat(OpenAIServing):
         self.reasoning_parser: ReasoningParser | None = (
             REASONING_PARSERS[reasoning_parser]() if reasoning_parser else None
         )
+        # The tokens that open and close a reasoning block, where the tokenizer has each tag as
+        # one token: the grammar of structured output starts after the closing one.
+        self.reasoning_token_ids: tuple[int | None, int | None] = (None, None)
+        if self.reasoning_parser is not None:
+            self.reasoning_token_ids = (
+                single_token_id(self.tokenizer, START),
+                single_token_id(self.tokenizer, END),
+            )
         self.exclude_tools_when_tool_choice_none = exclude_tools_when_tool_choice_none
 
     async def create(
@@ -166,7 +180,7 @@ class ServingChat(OpenAIServing):
         kind = RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY
         params = self.sampling_params(req, max_tokens, kind, logprobs=num_top)
         reader = self._reader(req, tools, params, num_top)
-        self._check_reasoning(req, params, tools, template_kwargs)
+        self._start_grammar_after_reasoning(req, params, tools, template_kwargs)
         return prompt, params, reader, retention
 
     def _reader(
@@ -229,19 +243,26 @@ class ServingChat(OpenAIServing):
                 param=fields[0],
             )
 
-    def _check_reasoning(
+    def _start_grammar_after_reasoning(
         self,
         req: ChatCompletionRequest,
         params: SamplingParams,
         tools: ToolRequest | None,
         template_kwargs: dict[str, Any],
     ) -> None:
-        """Structured output would constrain the reply from its first token, where a reasoning
-        model thinks: the engine cannot start a grammar after `</think>` yet, so that is a 400."""
+        """A reasoning model writes its `<think>` block first, so its structured output (a
+        forced tool choice too) starts after `</think>`: the engine leaves the reply free until
+        that token. A request that turned thinking off is constrained from the first token; a
+        tokenizer without a single `</think>` token cannot tell the engine where, a 400."""
         parser = self.reasoning_parser
-        if parser is None or params.structured_outputs is None:
+        constrained = params.structured_outputs
+        if parser is None or constrained is None or parser.thinking_off(template_kwargs):
             return
-        if parser.thinking_off(template_kwargs):
+        start_id, end_id = self.reasoning_token_ids
+        if end_id is not None:
+            params.structured_outputs = dataclasses.replace(
+                constrained, reasoning_start_token_id=start_id, reasoning_end_token_id=end_id
+            )
             return
         if tools is not None and tools.forced:
             field, what = "tool_choice", f"tool_choice {_describe_choice(tools)}"
@@ -254,10 +275,9 @@ class ServingChat(OpenAIServing):
             else ""
         )
         raise InvalidRequestError(
-            f"{what} asks for structured output, which is not supported with --reasoning-parser "
-            f"{parser.name} yet: the grammar would apply from the reply's first token, where the "
-            f"model writes its <think> block, and the engine cannot start it after </think>. "
-            f"Leave out {field}{hint}.",
+            f"{what} asks for structured output, which with --reasoning-parser {parser.name} "
+            f"starts after the reasoning block; but this model's tokenizer has no single {END} "
+            f"token, so the grammar cannot start after the reasoning. Leave out {field}{hint}.",
             param=field,
         )
 
@@ -378,6 +398,15 @@ class ServingChat(OpenAIServing):
         finally:
             await close_streams([stream])
         yield SSE_DONE
+
+
+def single_token_id(tokenizer: Any, text: str) -> int | None:
+    """The id of the vocabulary token whose text is exactly `text`; None when there is none (the
+    text takes several tokens, or maps to the unknown token)."""
+    token_id = tokenizer.convert_tokens_to_ids(text)
+    if not isinstance(token_id, int) or tokenizer.convert_ids_to_tokens(token_id) != text:
+        return None
+    return token_id
 
 
 def _describe_choice(tools: ToolRequest) -> str:

@@ -3,7 +3,8 @@ the schema a forced tool_choice becomes, tools and tool turns through the chat t
 replies built from scripted engine outputs, whole and streamed (tool_choice "auto" included,
 which a random model never exercises).
 
-`ServingChat` runs on a stand-in engine: the test tokenizer and a real `InputProcessor`."""
+`ServingChat` runs on a stand-in engine: the test tokenizer (or one with `<think>` tokens) and a
+real `InputProcessor`."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ import pytest
 
 from inferengine.engine.input_processor import InputProcessor
 from inferengine.entrypoints.openai.protocol import ChatCompletionRequest
-from inferengine.entrypoints.openai.serving_chat import ServingChat
+from inferengine.entrypoints.openai.serving_chat import ServingChat, single_token_id
 from inferengine.entrypoints.openai.streaming import EngineStream
 from inferengine.errors import ConfigError, InvalidRequestError
 from inferengine.outputs import CompletionOutput, RequestOutput
 from inferengine.sampling_params import StructuredOutputsParams
-from tests.conftest import EOS_ID, build_tokenizer
+from tests.conftest import EOS_ID, VOCAB_SIZE, build_tokenizer
 
 WEATHER_PARAMS = {
     "type": "object",
@@ -52,9 +53,44 @@ TOOL_TEMPLATE = (
 )
 
 
+THINK_ID, END_THINK_ID = 2, 3  # in `build_thinking_tokenizer`
+
+
+def build_thinking_tokenizer():
+    """The test tokenizer's recipe (tests/conftest.py) with `<think>` and `</think>` as two more
+    special tokens, ids 2 and 3, still VOCAB_SIZE tokens: a reasoning model's tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    plain = build_tokenizer()
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [
+        "The quick brown fox jumps over the lazy dog. Hello world, how are you today?",
+        "Paris is the capital of France. Zürich, café, naïve — unicode text 東京 🙂.",
+    ] * 40
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=["<s>", "</s>", "<think>", "</think>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    fast.chat_template = plain.chat_template
+    assert len(fast) == VOCAB_SIZE
+    assert fast.convert_tokens_to_ids(["<think>", "</think>"]) == [THINK_ID, END_THINK_ID]
+    return fast
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def thinking_tokenizer():
+    return build_thinking_tokenizer()
 
 
 def serving(tokenizer, **options) -> ServingChat:
@@ -312,27 +348,95 @@ def test_required_choice_lifts_defs_to_the_root(tokenizer):
 # ---- reasoning parser and structured output ------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("fields", "param"),
-    [
-        ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"guided_choice": ["a", "b"]}, "guided_choice"),
-        ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
-    ],
-)
-def test_reasoning_parser_refuses_structured_output(tokenizer, fields, param):
+STRUCTURED = [
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"guided_choice": ["a", "b"]}, "guided_choice"),
+    ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
+    ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
+    (
+        {
+            "tools": [WEATHER],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        },
+        "tool_choice",
+    ),
+]
+THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+@pytest.mark.parametrize(("fields", "param"), STRUCTURED)
+def test_reasoning_parser_needs_a_single_end_of_thinking_token(tokenizer, fields, param):
+    # the test tokenizer spells </think> in several tokens: the engine could not see it
     options = {"reasoning_parser": "qwen3"}
     error = refused(tokenizer, options, **fields)
     assert error.param == param
-    assert "--reasoning-parser qwen3" in error.message and "</think>" in error.message
-    assert "enable_thinking" in error.message
+    assert "--reasoning-parser qwen3" in error.message
+    assert "tokenizer has no single </think> token" in error.message
+    assert "grammar cannot start after the reasoning" in error.message
+    assert 'chat_template_kwargs {"enable_thinking": false}' in error.message
     # with thinking off there is no <think> block, so the grammar can start at once
-    off = {"chat_template_kwargs": {"enable_thinking": False}}
-    _, params, reader, _ = prepare(tokenizer, options, **fields, **off)
-    assert params.structured_outputs is not None and reader.reasoning is not None
-    # deepseek_r1 always thinks
-    error = refused(tokenizer, {"reasoning_parser": "deepseek_r1"}, **fields, **off)
-    assert error.param == param and "enable_thinking" not in error.message
+    _, params, reader, _ = prepare(tokenizer, options, **fields, **THINKING_OFF)
+    constrained = params.structured_outputs
+    assert constrained is not None and reader.reasoning is not None
+    assert constrained.reasoning_end_token_id is None
+    # deepseek_r1 always thinks, and has no switch to offer
+    error = refused(tokenizer, {"reasoning_parser": "deepseek_r1"}, **fields, **THINKING_OFF)
+    assert error.param == param and "no single </think> token" in error.message
+    assert "enable_thinking" not in error.message
+
+
+@pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
+@pytest.mark.parametrize(("fields", "param"), STRUCTURED)
+def test_reasoning_parser_starts_the_grammar_after_thinking(
+    thinking_tokenizer, parser, fields, param
+):
+    options = {"reasoning_parser": parser}
+    _, params, reader, _ = prepare(thinking_tokenizer, options, **fields)
+    constrained = params.structured_outputs
+    assert constrained.reasoning_start_token_id == THINK_ID
+    assert constrained.reasoning_end_token_id == END_THINK_ID
+    assert reader.reasoning.name == parser
+    assert (reader.forced is not None) == (param == "tool_choice")
+    # the grammar is the same as without a reasoning parser
+    plain = prepare(thinking_tokenizer, **fields)[1].structured_outputs
+    assert constrained.key == plain.key and plain.reasoning_end_token_id is None
+    # thinking off (qwen3): constrained from the first token
+    off = prepare(thinking_tokenizer, options, **fields, **THINKING_OFF)[1].structured_outputs
+    if parser == "qwen3":
+        assert off.reasoning_start_token_id is None and off.reasoning_end_token_id is None
+    else:  # deepseek_r1 has no switch: enable_thinking is only a template variable
+        assert off.reasoning_end_token_id == END_THINK_ID
+
+
+def test_no_structured_output_sets_nothing(thinking_tokenizer):
+    params = prepare(thinking_tokenizer, {"reasoning_parser": "qwen3"})[1]
+    assert params.structured_outputs is None
+
+
+def test_single_token_ids(tokenizer, thinking_tokenizer):
+    assert single_token_id(thinking_tokenizer, "<think>") == THINK_ID
+    assert single_token_id(thinking_tokenizer, "</think>") == END_THINK_ID
+    assert single_token_id(tokenizer, "</think>") is None  # several tokens
+    assert single_token_id(tokenizer, "<s>") == 0
+    token = tokenizer.convert_ids_to_tokens(300)  # a merged token of the trained vocab
+    assert single_token_id(tokenizer, token) == 300
+    # only the closing tag as one token: the grammar still starts after it
+    chat_serving = serving(tokenizer, reasoning_parser="deepseek_r1")
+    chat_serving.reasoning_token_ids = (None, 7)
+    params = chat_serving.prepare(chat(guided_regex="a+"))[1]
+    assert params.structured_outputs.reasoning_start_token_id is None
+    assert params.structured_outputs.reasoning_end_token_id == 7
+
+
+@pytest.mark.parametrize("key", ["reasoning_end_token_id", "reasoning_start_token_id"])
+def test_clients_cannot_set_the_reasoning_tokens(thinking_tokenizer, key):
+    # only the server sets them; a client's would let it unconstrain the reply at will
+    for options in ({}, {"reasoning_parser": "qwen3"}):
+        error = refused(
+            thinking_tokenizer, options, structured_outputs={"regex": "a+", key: END_THINK_ID}
+        )
+        assert error.param == f"structured_outputs.{key}"
+        assert "not a structured output key" in error.message
 
 
 def test_reasoning_parser_with_auto_tools(tokenizer):
@@ -668,3 +772,81 @@ def test_mistral_parser_decodes_special_tokens_and_drops_the_stop_token(tokenize
     # plain text: the stop token's text is dropped too
     response = run_full(chat_serving, chat(tools=[WEATHER]), ["Hello.", eos], "stop")
     assert response.choices[0].message.content == "Hello."
+
+
+NAMED_WEATHER = {"type": "function", "function": {"name": "get_weather"}}
+# With a reasoning parser the grammar constrains only what follows </think>: a forced call is
+# read from that content, never from the reasoning (even reasoning that looks like a call).
+REASONED_REPLIES = [
+    (
+        "qwen3",
+        {"tools": [WEATHER], "tool_choice": NAMED_WEATHER},
+        ["<think>", "It is", " Paris.", "</think>", '{"city":', '"Paris","unit":"c"}'],
+        "stop",
+        {
+            "content": None,
+            "reasoning_content": "It is Paris.",
+            "tool_calls": [{"name": "get_weather", "arguments": '{"city":"Paris","unit":"c"}'}],
+            "finish_reason": "tool_calls",
+        },
+    ),
+    (
+        "deepseek_r1",
+        {"tools": [WEATHER], "tool_choice": NAMED_WEATHER},
+        ['{"city":"Oslo",', '"unit":"f"}', "</think>", '{"city":"Paris","unit":"c"}'],
+        "stop",
+        {
+            "content": None,
+            "reasoning_content": '{"city":"Oslo","unit":"f"}',
+            "tool_calls": [{"name": "get_weather", "arguments": '{"city":"Paris","unit":"c"}'}],
+            "finish_reason": "tool_calls",
+        },
+    ),
+    (
+        "deepseek_r1",
+        {"tools": [WEATHER, ADD], "tool_choice": "required"},
+        ["Weather", " first.", "</think>", '[{"name":"add","parameters":{}}]'],
+        "stop",
+        {
+            "content": None,
+            "reasoning_content": "Weather first.",
+            "tool_calls": [{"name": "add", "arguments": "{}"}],
+            "finish_reason": "tool_calls",
+        },
+    ),
+    (
+        "deepseek_r1",
+        {"response_format": {"type": "json_object"}},
+        ["Some", " JSON.", "</think>", '{"a":', "1}"],
+        "stop",
+        {
+            "content": '{"a":1}',
+            "reasoning_content": "Some JSON.",
+            "tool_calls": [],
+            "finish_reason": "stop",
+        },
+    ),
+    (  # cut short while thinking: all reasoning, no call
+        "qwen3",
+        {"tools": [WEATHER], "tool_choice": NAMED_WEATHER},
+        ["<think>", "Hmm", ", the"],
+        "length",
+        {
+            "content": None,
+            "reasoning_content": "Hmm, the",
+            "tool_calls": [],
+            "finish_reason": "length",
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(("parser", "fields", "pieces", "finish", "expected"), REASONED_REPLIES)
+def test_structured_reply_after_reasoning(
+    thinking_tokenizer, parser, fields, pieces, finish, expected
+):
+    chat_serving = serving(thinking_tokenizer, reasoning_parser=parser)
+    response = run_full(chat_serving, chat(**fields), pieces, finish)
+    assert whole(response) == expected
+    chunks = run_stream(chat_serving, chat(stream=True, **fields), pieces, finish)
+    assert reassemble(chunks) == expected

@@ -1,7 +1,8 @@
 """Tool calling end to end through the official `openai` client against the tiny random model:
 with tool_choice "required" or a named function the grammar alone makes the reply a valid call,
 so every choice that finishes must carry tool calls whose arguments fit the tool's parameters.
-Also the 400s a server without tool flags gives, and a server started with them."""
+Also the 400s a server without tool flags gives, a server started with them, and a reasoning
+model's server, whose grammar starts after `</think>`."""
 
 from __future__ import annotations
 
@@ -11,8 +12,14 @@ import jsonschema
 import openai
 import pytest
 
+from tests.conftest import build_checkpoint
 from tests.entrypoints.openai.server import API_KEY, SERVED_NAME, RemoteServer
-from tests.entrypoints.openai.test_tools_api import HISTORY, TOOL_TEMPLATE
+from tests.entrypoints.openai.test_tools_api import (
+    END_THINK_ID,
+    HISTORY,
+    TOOL_TEMPLATE,
+    build_thinking_tokenizer,
+)
 
 # Strings and numbers are bounded so a random model's reply fits in max_tokens.
 WEATHER_PARAMS = {
@@ -202,13 +209,102 @@ def test_flagged_server_serves_auto(flagged):
     )
 
 
-def test_flagged_server_refuses_structured_output_while_thinking(flagged):
-    # (turning thinking off lifts the refusal: see test_tools_api.py, which needs no model)
+def test_flagged_server_refuses_structured_output_without_a_think_token(flagged):
+    # The test tokenizer spells </think> in several tokens, so the engine cannot tell where the
+    # reasoning ends (turning thinking off lifts the refusal: see test_tools_api.py).
     for kwargs, param in (
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tools": None, "response_format": {"type": "json_object"}}, "response_format"),
     ):
         with pytest.raises(openai.BadRequestError) as info:
             create(flagged, **kwargs)
-        assert info.value.body["param"] == param
-        assert "--reasoning-parser qwen3" in info.value.body["message"]
+        error = info.value.body
+        assert error["param"] == param and error["type"] == "invalid_request_error", error
+        assert "--reasoning-parser qwen3" in error["message"]
+        assert "tokenizer has no single </think> token" in error["message"]
+        assert "enable_thinking" in error["message"]
+
+
+# ---- a reasoning model: structured output after </think> -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def thinking(tmp_path_factory):
+    """A server for a tiny model whose tokenizer has <think> and </think> as tokens, with
+    --reasoning-parser deepseek_r1: the reply is reasoning until </think>, as the engine sees it."""
+    folder = build_checkpoint("qwen3", tmp_path_factory.mktemp("thinking"))
+    build_thinking_tokenizer().save_pretrained(folder)
+    server = RemoteServer(folder, "--max-model-len", "512", "--reasoning-parser", "deepseek_r1")
+    try:
+        server.wait_ready()
+        yield openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
+    finally:
+        server.stop()
+
+
+# A random model writes </think> now and then; the bias makes it likely within max_tokens.
+THINKING = {
+    "temperature": 1.0,
+    "max_tokens": 300,
+    "logit_bias": {str(END_THINK_ID): 3.0},
+    "logprobs": True,
+}
+WEATHER_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "weather", "schema": WEATHER_PARAMS, "strict": True},
+}
+
+
+def _ended_thinking(choice) -> bool:
+    return any(t.token == "</think>" for t in choice.logprobs.content)
+
+
+def test_json_schema_after_reasoning(thinking):
+    out = create(thinking, tools=None, n=24, seed=11, response_format=WEATHER_FORMAT, **THINKING)
+    answered = 0
+    for choice in out.choices:
+        message = choice.message
+        if not _ended_thinking(choice):
+            # all reasoning, however it ended; the grammar never started
+            assert message.content is None, choice
+            continue
+        if choice.finish_reason != "stop":
+            continue
+        answered += 1
+        jsonschema.validate(json.loads(message.content), WEATHER_PARAMS)
+    assert answered >= 3, [c.finish_reason for c in out.choices]
+
+
+def test_json_schema_after_reasoning_streamed(thinking):
+    contents: dict[int, str] = {}
+    reasons: dict[int, str] = {}
+    ended: dict[int, bool] = {}
+    stream = create(
+        thinking, tools=None, n=12, seed=12, stream=True, response_format=WEATHER_FORMAT, **THINKING
+    )
+    for chunk in stream:
+        for c in chunk.choices:
+            contents[c.index] = contents.get(c.index, "") + (c.delta.content or "")
+            reasons[c.index] = c.finish_reason or reasons.get(c.index)
+            tokens = c.logprobs.content if c.logprobs is not None else []
+            ended[c.index] = ended.get(c.index, False) or any(t.token == "</think>" for t in tokens)
+    answered = 0
+    for index, content in contents.items():
+        if not ended[index]:
+            assert not content
+        elif reasons[index] == "stop":
+            answered += 1
+            jsonschema.validate(json.loads(content), WEATHER_PARAMS)
+    assert answered >= 2, reasons
+
+
+@pytest.mark.parametrize("tool_choice", [NAMED, "required"])
+def test_forced_call_after_reasoning(thinking, tool_choice):
+    out = create(thinking, n=24, seed=13, tool_choice=tool_choice, **THINKING)
+    names = {"get_weather"} if tool_choice == NAMED else set(PARAMS)
+    # every reply that got past </think> and finished is only valid calls
+    called = check_calls([c for c in out.choices if _ended_thinking(c)], names)
+    assert called >= 3, [c.finish_reason for c in out.choices]
+    for choice in out.choices:
+        if not _ended_thinking(choice):  # all reasoning: no call
+            assert choice.message.content is None and not choice.message.tool_calls, choice
