@@ -23,10 +23,13 @@ class Attention(nn.Module):
         head_dim: int,
         scale: float,
         sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
     ):
         super().__init__()
         self.backend = backend
-        self.spec = AttentionSpec(num_heads, num_kv_heads, head_dim, scale, sliding_window)
+        self.spec = AttentionSpec(
+            num_heads, num_kv_heads, head_dim, scale, sliding_window, logits_soft_cap or None
+        )
 
     def forward(
         self,

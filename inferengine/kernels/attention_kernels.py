@@ -44,6 +44,7 @@ def _attend_kv_tile(
     q_pos,
     sliding_window,
     qk_scale,
+    softcap_scale,
     stride_kb,
     stride_kt,
     offs_n,
@@ -54,6 +55,7 @@ def _attend_kv_tile(
     MASKED: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """One online-softmax step over keys start_n .. start_n + BLOCK_N - 1. Unmasked tiles lie
     wholly inside every row's visible range, so they skip all bounds and causal checks."""
@@ -78,17 +80,17 @@ def _attend_kv_tile(
     else:
         v = tl.load(v_head_ptr + kv_off)
     return _softmax_step(
-        acc, l_i, m_i, q, k, v, pos, q_pos, sliding_window, qk_scale,
-        MASKED, USE_WINDOW, DOT_PRECISION,
+        acc, l_i, m_i, q, k, v, pos, q_pos, sliding_window, qk_scale, softcap_scale,
+        MASKED, USE_WINDOW, DOT_PRECISION, SOFTCAP,
     )  # fmt: skip
 
 
 @triton.jit
 def _attend_fresh_tile(
     acc, l_i, m_i, q, fresh_k, fresh_v, q_start, start_j, q_len, context_len, q_pos, kv_head,
-    stride_fkt, stride_fkh, stride_fvt, stride_fvh, qk_scale, offs_n, offs_d,
+    stride_fkt, stride_fkh, stride_fvt, stride_fvh, qk_scale, softcap_scale, offs_n, offs_d,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr, FRESH: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     """As _attend_kv_tile for keys start_j .. start_j + BLOCK_N - 1 of this step's own tokens
     (positions context_len + j), read from the step's own K/V rows instead of the pages:
@@ -110,19 +112,31 @@ def _attend_fresh_tile(
             k = tl.load(fresh_k + k_off)
             v = tl.load(fresh_v + v_off)
     return _softmax_step(
-        acc, l_i, m_i, q, k, v, context_len + j, q_pos, 0, qk_scale, MASKED, False, DOT_PRECISION
-    )
+        acc, l_i, m_i, q, k, v, context_len + j, q_pos, 0, qk_scale, softcap_scale, MASKED, False,
+        DOT_PRECISION, SOFTCAP,
+    )  # fmt: skip
+
+
+@triton.jit
+def _tanh(x):
+    """tanh from exp2 (Triton's interpreter has no tanh): 1 - 2 / (e^2x + 1), exact at ±inf."""
+    return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
 
 
 @triton.jit
 def _softmax_step(
-    acc, l_i, m_i, q, k, v, pos, q_pos, sliding_window, qk_scale, MASKED: tl.constexpr,
-    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    acc, l_i, m_i, q, k, v, pos, q_pos, sliding_window, qk_scale, softcap_scale,
+    MASKED: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     """Online softmax over one key tile at positions `pos`; masked tiles apply causality (and
     the window) per row. The scale (> 0) is applied to the row maximum and inside one
-    multiply-add per score, not as a pass of its own over the tile."""
+    multiply-add per score, not as a pass of its own over the tile. SOFTCAP: scores become
+    tanh(qk · softcap_scale) first (softcap_scale = scale / cap; qk_scale then holds
+    cap · log2(e)), so cap · tanh(scale · qk / cap) is what the softmax sees."""
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if SOFTCAP:
+        qk = _tanh(qk * softcap_scale)
     if MASKED:
         visible = pos[None, :] <= q_pos[:, None]
         if USE_WINDOW:
@@ -157,6 +171,7 @@ def paged_attention_kernel(
     num_splits,
     min_q_len,
     qk_scale,
+    softcap_scale,
     sliding_window,
     stride_qt,
     stride_qh,
@@ -186,6 +201,7 @@ def paged_attention_kernel(
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     FRESH: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Grid (query-head tiles, query tiles, splits). SEQ_PER_PROGRAM: tile i is sequence i
@@ -274,16 +290,18 @@ def paged_attention_kernel(
             for start_n in tl.range(0, ctx_full, BLOCK_N, num_stages=2):
                 acc, l_i, m_i = _attend_kv_tile(
                     acc, l_i, m_i, q, k_head_ptr, v_head_ptr, block_table_row_ptr, start_n,
-                    context_len, q_pos, 0, qk_scale, stride_kb, stride_kt, offs_n, offs_d,
-                    BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, False, False, DOT_PRECISION,
+                    context_len, q_pos, 0, qk_scale, softcap_scale, stride_kb, stride_kt, offs_n,
+                    offs_d, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, False, False, DOT_PRECISION,
+                    SOFTCAP,
                 )  # fmt: skip
             # Positions past the context are the chunk's, not read here.
             ctx_last = tl.minimum(q_pos, context_len - 1)
             for start_n in tl.range(ctx_full, context_len, BLOCK_N, num_stages=1):
                 acc, l_i, m_i = _attend_kv_tile(
                     acc, l_i, m_i, q, k_head_ptr, v_head_ptr, block_table_row_ptr, start_n,
-                    context_len, ctx_last, 0, qk_scale, stride_kb, stride_kt, offs_n, offs_d,
-                    BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, True, False, DOT_PRECISION,
+                    context_len, ctx_last, 0, qk_scale, softcap_scale, stride_kb, stride_kt, offs_n,
+                    offs_d, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, True, False, DOT_PRECISION,
+                    SOFTCAP,
                 )  # fmt: skip
         first_q = q_tile * BLOCK_Q
         last_q = tl.minimum(first_q + BLOCK_Q, q_len) - 1
@@ -291,34 +309,37 @@ def paged_attention_kernel(
         for start_j in range(0, fresh_full, BLOCK_N):
             acc, l_i, m_i = _attend_fresh_tile(
                 acc, l_i, m_i, q, fresh_k, fresh_v, q_start, start_j, q_len, context_len, q_pos,
-                kv_head, stride_fkt, stride_fkh, stride_fvt, stride_fvh, qk_scale, offs_n, offs_d,
-                HEAD_DIM, HEAD_DIM_PAD, False, FRESH, DOT_PRECISION,
+                kv_head, stride_fkt, stride_fkh, stride_fvt, stride_fvh, qk_scale, softcap_scale,
+                offs_n, offs_d, HEAD_DIM, HEAD_DIM_PAD, False, FRESH, DOT_PRECISION, SOFTCAP,
             )  # fmt: skip
         for start_j in range(fresh_full, last_q + 1, BLOCK_N):
             acc, l_i, m_i = _attend_fresh_tile(
                 acc, l_i, m_i, q, fresh_k, fresh_v, q_start, start_j, q_len, context_len, q_pos,
-                kv_head, stride_fkt, stride_fkh, stride_fvt, stride_fvh, qk_scale, offs_n, offs_d,
-                HEAD_DIM, HEAD_DIM_PAD, True, FRESH, DOT_PRECISION,
+                kv_head, stride_fkt, stride_fkh, stride_fvt, stride_fvh, qk_scale, softcap_scale,
+                offs_n, offs_d, HEAD_DIM, HEAD_DIM_PAD, True, FRESH, DOT_PRECISION, SOFTCAP,
             )  # fmt: skip
     else:
         if USE_WINDOW:
             for start_n in range(split_lo, tl.minimum(full_lo, split_hi), BLOCK_N):
                 acc, l_i, m_i = _attend_kv_tile(
                     acc, l_i, m_i, q, k_head_ptr, v_head_ptr, block_table_row_ptr, start_n, kv_hi,
-                    q_pos, sliding_window, qk_scale, stride_kb, stride_kt, offs_n, offs_d,
-                    BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, True, USE_WINDOW, DOT_PRECISION,
+                    q_pos, sliding_window, qk_scale, softcap_scale, stride_kb, stride_kt, offs_n,
+                    offs_d, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, True, USE_WINDOW, DOT_PRECISION,
+                    SOFTCAP,
                 )  # fmt: skip
         for start_n in range(tl.maximum(split_lo, full_lo), tl.minimum(full_hi, split_hi), BLOCK_N):
             acc, l_i, m_i = _attend_kv_tile(
                 acc, l_i, m_i, q, k_head_ptr, v_head_ptr, block_table_row_ptr, start_n, kv_hi,
-                q_pos, sliding_window, qk_scale, stride_kb, stride_kt, offs_n, offs_d,
-                BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, False, USE_WINDOW, DOT_PRECISION,
+                q_pos, sliding_window, qk_scale, softcap_scale, stride_kb, stride_kt, offs_n,
+                offs_d, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, False, USE_WINDOW, DOT_PRECISION,
+                SOFTCAP,
             )  # fmt: skip
         for start_n in range(tl.maximum(split_lo, full_hi), split_hi, BLOCK_N):
             acc, l_i, m_i = _attend_kv_tile(
                 acc, l_i, m_i, q, k_head_ptr, v_head_ptr, block_table_row_ptr, start_n, kv_hi,
-                q_pos, sliding_window, qk_scale, stride_kb, stride_kt, offs_n, offs_d,
-                BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, True, USE_WINDOW, DOT_PRECISION,
+                q_pos, sliding_window, qk_scale, softcap_scale, stride_kb, stride_kt, offs_n,
+                offs_d, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, True, USE_WINDOW, DOT_PRECISION,
+                SOFTCAP,
             )  # fmt: skip
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]

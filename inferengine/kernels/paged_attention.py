@@ -92,6 +92,7 @@ def paged_attention(
     scale: float,
     min_query_len: int = 0,
     sliding_window: int | None = None,
+    soft_cap: float | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     decode_config: TileConfig | None = None,
@@ -105,6 +106,7 @@ def paged_attention(
     `kv_cache` [2, num_blocks, block_size, Hkv, D]. The queries of sequence i are its last
     q_len_i positions of seq_lens[i]. max_query_len and max_seq_len may be upper bounds,
     min_query_len a lower bound (it lets a prefill-only batch skip the decode launch).
+    `soft_cap`: scores become soft_cap · tanh(scale · q·k / soft_cap) before mask and softmax.
     `num_splits` and the tile configs override the launch choices (tests, benchmark sweeps);
     `fused_merge=False` merges split-KV partials in a kernel of its own.
 
@@ -145,7 +147,9 @@ def paged_attention(
         seq_lens_ptr=seq_lens,
         block_table_ptr=block_table,
         num_seqs=num_seqs,
-        qk_scale=scale * LOG2E,
+        # With a soft cap the kernel takes tanh(q·k · scale / cap) and scales that by cap.
+        qk_scale=(soft_cap if soft_cap else scale) * LOG2E,
+        softcap_scale=scale / soft_cap if soft_cap else 1.0,
         sliding_window=sliding_window or 0,
         stride_qt=q.stride(0),
         stride_qh=q.stride(1),
@@ -161,6 +165,7 @@ def paged_attention(
         HEAD_DIM_PAD=head_dim_pad,
         BLOCK_SIZE=block_size,
         USE_WINDOW=sliding_window is not None,
+        SOFTCAP=bool(soft_cap),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
 
@@ -312,10 +317,12 @@ def paged_attention_ref(
     max_seq_len: int | None = None,
     scale: float,
     sliding_window: int | None = None,
+    soft_cap: float | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Torch reference of `paged_attention`: gather each sequence's pages, causal softmax in
-    float32. Syncs with the host; for tests and the CPU path."""
+    float32 (scores soft-capped first with `soft_cap`). Syncs with the host; for tests and the
+    CPU path."""
     num_tokens, num_q_heads, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = num_q_heads // num_kv_heads
@@ -334,6 +341,8 @@ def paged_attention_ref(
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[q_begin:q_end].float(), k) * scale
+        if soft_cap:
+            scores = torch.tanh(scores / soft_cap) * soft_cap
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
         k_pos = torch.arange(seq_len, device=q.device)[None, :]
         visible = k_pos <= q_pos

@@ -14,7 +14,7 @@ QWEN = {"num_q_heads": 28, "num_kv_heads": 4, "head_dim": 128}
 BF16 = torch.bfloat16
 
 
-def attend(batch, *, max_query_len=None, max_seq_len=None, sliding_window=None):
+def attend(batch, *, max_query_len=None, max_seq_len=None, sliding_window=None, soft_cap=None):
     out = torch.full_like(batch.q, float("nan"))
     paged_attention.paged_attention(
         *batch.args(),
@@ -22,15 +22,16 @@ def attend(batch, *, max_query_len=None, max_seq_len=None, sliding_window=None):
         max_seq_len=max_seq_len or batch.max_seq_len,
         scale=batch.q.shape[-1] ** -0.5,
         sliding_window=sliding_window,
+        soft_cap=soft_cap,
         out=out,
     )
     return out
 
 
-def reference(batch, sliding_window=None):
+def reference(batch, sliding_window=None, soft_cap=None):
     scale = batch.q.shape[-1] ** -0.5
     return paged_attention.paged_attention_ref(
-        *batch.args(), scale=scale, sliding_window=sliding_window
+        *batch.args(), scale=scale, sliding_window=sliding_window, soft_cap=soft_cap
     )
 
 
@@ -79,6 +80,19 @@ def test_sliding_window(paged_batch, assert_close):
         [1, 1, 600, 1000], [7000, 300, 6000, 1000], block_size=16, dtype=BF16, **shape
     )
     assert_close(attend(batch, sliding_window=4096), reference(batch, sliding_window=4096))
+
+
+@pytest.mark.parametrize("window", [None, 4096])
+def test_soft_cap_at_gemma2_size(paged_batch, assert_close, window):
+    """Gemma-2-2B shape: 8 query heads, 4 KV heads, head dim 256, scores capped at 50 (queries
+    scaled up so the cap bites), with and without its 4096 window."""
+    shape = {"num_q_heads": 8, "num_kv_heads": 4, "head_dim": 256}
+    batch = paged_batch(
+        [1, 1, 600, 1000], [7000, 300, 6000, 1000], block_size=16, dtype=BF16, **shape
+    )
+    batch.q.mul_(20.0)
+    capped = dict(sliding_window=window, soft_cap=50.0)
+    assert_close(attend(batch, **capped), reference(batch, **capped))
 
 
 @pytest.mark.parametrize("max_query_len", [1, 512])

@@ -12,15 +12,19 @@ def check(batch, assert_close, *, max_query_len=None, max_seq_len=None, **kwargs
     """Run kernel (into a NaN-poisoned output) and reference on `batch`, compare them."""
     head_dim = batch.q.shape[-1]
     window = kwargs.pop("sliding_window", None)
+    cap = kwargs.pop("soft_cap", None)
     bounds = {
         "max_query_len": max_query_len or batch.max_query_len,
         "max_seq_len": max_seq_len or batch.max_seq_len,
     }
     out = torch.full_like(batch.q, float("nan"))
     pa.paged_attention(
-        *batch.args(), **bounds, scale=head_dim**-0.5, sliding_window=window, out=out, **kwargs
+        *batch.args(), **bounds, scale=head_dim**-0.5, sliding_window=window, soft_cap=cap,
+        out=out, **kwargs,
+    )  # fmt: skip
+    expected = pa.paged_attention_ref(
+        *batch.args(), scale=head_dim**-0.5, sliding_window=window, soft_cap=cap
     )
-    expected = pa.paged_attention_ref(*batch.args(), scale=head_dim**-0.5, sliding_window=window)
     assert_close(out, expected)
 
 
@@ -323,6 +327,28 @@ def test_fresh_key_and_value_in_their_own_layouts(paged_batch, assert_close):
     assert key.stride() != value.stride()
     check(batch, assert_close, fresh_key=key, fresh_value=value)
     check(batch, assert_close, fresh_key=key_view, fresh_value=value.contiguous())
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_logit_soft_cap(paged_batch, assert_close, dtype):
+    """Gemma 2's soft-capped scores on decodes (split and whole), prefill from the pages and
+    from the fresh keys, and under a window; queries scaled up so the cap bites."""
+    batch = paged_batch(
+        MIXED_Q, MIXED_SEQ, num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
+        dtype=dtype,
+    )  # fmt: skip
+    batch.q.mul_(6.0)
+    key, value = fresh_kv(batch)
+    for splits in (1, 3):
+        check(batch, assert_close, soft_cap=5.0, num_splits=splits)
+    check(batch, assert_close, soft_cap=5.0, fresh_key=key, fresh_value=value)
+    check(batch, assert_close, soft_cap=5.0, sliding_window=24, num_splits=2)
+    # The cap changes the result (the check above would see a kernel that ignored it).
+    scale = {"scale": 64**-0.5}
+    capped = pa.paged_attention_ref(*batch.args(), **scale, soft_cap=5.0)
+    assert not torch.allclose(
+        capped.float(), pa.paged_attention_ref(*batch.args(), **scale).float()
+    )
 
 
 def test_head_dims_past_the_tile_configs_are_not_supported():

@@ -26,6 +26,9 @@ class AttentionSpec:
     head_dim: int
     scale: float
     sliding_window: int | None = None
+    # Gemma 2's attention logit soft-capping: scores become cap · tanh(scores / cap) (after the
+    # scale, before the mask and softmax). Every backend implements it.
+    logits_soft_cap: float | None = None
 
 
 class AttentionBackend(ABC):

@@ -5,6 +5,7 @@ step's flattened tokens are one long query sequence. A block mask lists, for eac
 `Q_TILE` queries, the pages its sequences can see, and a mask function admits key `k` for query
 `q` when k's page belongs to q's sequence and k's position in that sequence is causal for q (and
 inside the sliding window). The block mask is built once per step and shared by all layers.
+Logit soft-capping (Gemma 2) is a score modifier: cap · tanh(score / cap) on the scaled scores.
 
 Compiled (`torch.compile`) on CUDA, where only the listed pages are read; eager elsewhere, where
 PyTorch evaluates the mask over every key (correct, slow: for tests and comparisons). Not captured
@@ -52,6 +53,17 @@ def _flex_fn(compiled: bool):
         return torch.compile(flex_attention, dynamic=True)
     warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
     return flex_attention
+
+
+@cache
+def soft_cap_score_mod(cap: float):
+    """flex's score modifier for logit soft-capping, one function per cap value (so compiled
+    flex sees the same function in every layer and step)."""
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return torch.tanh(score / cap) * cap
+
+    return score_mod
 
 
 def page_logical_index(
@@ -211,6 +223,7 @@ class FlexAttentionBackend(AttentionBackend):
             k,
             v,
             block_mask=block_mask,
+            score_mod=soft_cap_score_mod(spec.logits_soft_cap) if spec.logits_soft_cap else None,
             scale=spec.scale,
             enable_gqa=spec.num_heads != num_kv_heads,
             kernel_options=options,

