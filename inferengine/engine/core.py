@@ -427,6 +427,10 @@ class EngineCore:
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.kv_cache_manager.reset_prefix_cache()
 
+    def expert_token_counts(self) -> dict[int, list[int]]:
+        """Tokens routed to each expert so far, by layer (empty for a dense model)."""
+        return self.executor.expert_token_counts()
+
     def check_health(self) -> None:
         """Raise `EngineDeadError` if a worker process is gone (polled while idle)."""
         self.executor.check_health()

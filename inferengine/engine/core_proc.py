@@ -144,6 +144,8 @@ class EngineCoreProc:
                 return UtilityResult(call_id, self.core.scheduler.make_stats())
             if method == "device_memory":
                 return UtilityResult(call_id, _device_memory_used(self.core.config.device))
+            if method == "expert_token_counts":
+                return UtilityResult(call_id, self.core.expert_token_counts())
             if method == "ping":
                 return UtilityResult(call_id, "pong")
             return UtilityResult(call_id, error=f"unknown utility {method!r}")

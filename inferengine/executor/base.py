@@ -51,6 +51,11 @@ class Executor(Protocol):
         """Raise `EngineDeadError` if a worker is gone."""
         ...
 
+    def expert_token_counts(self) -> dict[int, list[int]]:
+        """Tokens routed to each expert since start-up, by layer index (mixture-of-experts
+        models; empty otherwise). Reads device counters: for metrics, not the step loop."""
+        ...
+
     @property
     def attention_backend_name(self) -> str: ...
 

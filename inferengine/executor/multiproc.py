@@ -235,6 +235,17 @@ class MultiprocExecutor:
         seq = self._broadcast("propose_drafts", wanted)
         return _decode_any(self._wait(seq, [self.output_rank])[self.output_rank])
 
+    def expert_token_counts(self) -> dict[int, list[int]]:
+        """Every pipeline stage's layers, from its first tensor-parallel rank (the ranks of a
+        stage route alike)."""
+        seq = self._broadcast("expert_token_counts")
+        replies = self._wait(seq, list(range(self.world_size)))
+        tp = self.config.parallel_config.tensor_parallel_size
+        counts: dict[int, list[int]] = {}
+        for rank in range(0, self.world_size, tp):
+            counts.update(_decode_any(replies[rank]))
+        return counts
+
     def read_kv_pages(self, locations: list[tuple[str, int]]) -> list:
         raise ConfigError("KV export works on one-rank engines only so far.")
 

@@ -39,6 +39,9 @@ class UniprocExecutor:
     def check_health(self) -> None:
         pass
 
+    def expert_token_counts(self) -> dict[int, list[int]]:
+        return self.worker.expert_token_counts()
+
     def propose_drafts(self, wanted: dict[str, tuple[int, list[int]]]) -> dict[str, list[int]]:
         """Draft tokens from the worker's draft model: request -> (k, lookahead page ids)."""
         return self.worker.runner.propose_drafts(wanted)

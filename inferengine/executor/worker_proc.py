@@ -161,4 +161,6 @@ def _call(worker, method: str, payload: bytes) -> tuple[str, Any]:
         return "result", None
     if method == "propose_drafts":
         return "result", worker.runner.propose_drafts(_decode_drafts(payload))
+    if method == "expert_token_counts":
+        return "result", worker.expert_token_counts()
     raise ValueError(f"unknown worker method {method!r}")

@@ -106,6 +106,13 @@ class PrometheusStatLogger(StatLogger):
             [*names, "position"],
             registry=r,
         )
+        self.expert_tokens = Counter(
+            PREFIX + "moe_expert_tokens",
+            "Tokens routed to each expert of each mixture-of-experts layer (a token counts once "
+            "for each of its top-k experts).",
+            [*names, "layer", "expert"],
+            registry=r,
+        )
         self.prompt_tokens = counter("prompt_tokens", "Prefill tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Generation tokens produced.")
         success = Counter(
@@ -204,6 +211,13 @@ class PrometheusStatLogger(StatLogger):
         if now > before:  # stats can arrive out of order (refresh vs. outputs): never go back
             counter.inc(now - before)
             self._totals[key] = now
+
+    def update_expert_token_counts(self, counts: dict[int, list[int]]) -> None:
+        """Advance the expert counters to the engine's cumulative per-layer counts."""
+        for layer, per_expert in counts.items():
+            for expert, total in enumerate(per_expert):
+                child = self.expert_tokens.labels(self.model_name, str(layer), str(expert))
+                self._advance(f"expert_{layer}_{expert}", total, child)
 
     def set_gpu_memory_used(self, used_bytes: int) -> None:
         if self.gpu_memory is not None:

@@ -115,6 +115,16 @@ class Worker:
                 default_mixed_sizes(sc.max_num_batched_tokens),
                 capture=not self.config.enforce_eager,
             )
+        # Profiling and capture ran the model: start the expert counts from zero.
+        reset = getattr(self.runner.model, "reset_expert_token_counts", None)
+        if reset is not None:
+            reset()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(scheduler_output)
+
+    def expert_token_counts(self) -> dict[int, list[int]]:
+        """Tokens routed to each expert, by layer, for a mixture-of-experts model (this
+        rank's layers); empty for a dense model. Waits for the steps in flight."""
+        counts = getattr(self.runner.model, "expert_token_counts", None)
+        return counts() if counts is not None else {}

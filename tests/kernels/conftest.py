@@ -22,6 +22,7 @@ KERNEL_MODULES = (
     "inferengine.kernels.pdl_kernels",
     "inferengine.kernels.attention_kernels",
     "inferengine.kernels.fused_kernels",
+    "inferengine.kernels.fused_moe_kernels",
 )
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 

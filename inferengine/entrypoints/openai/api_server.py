@@ -66,6 +66,10 @@ class ServerState:
         self.metrics = PrometheusStatLogger(
             mc.name, mc.max_model_len, sc.max_num_batched_tokens, engine_config.device
         )
+        # A mixture-of-experts model: /metrics asks the engine for its expert counts.
+        self.serves_moe = bool(
+            mc.hf_config.get("num_local_experts") or mc.hf_config.get("num_experts")
+        )
         self.engine: AsyncLLM | None = None
         self.status = "starting"  # starting -> ready -> draining; or failed
         self.error: str | None = None
@@ -193,6 +197,9 @@ async def metrics(request: Request) -> Response:
                 used = await engine.client.call_utility("device_memory", timeout=2.0)
                 if used is not None:
                     state.metrics.set_gpu_memory_used(int(used))
+            if engine.client is not None and state.serves_moe:
+                counts = await engine.client.call_utility("expert_token_counts", timeout=2.0)
+                state.metrics.update_expert_token_counts(counts)
         except Exception as e:  # a scrape must not fail because the core is busy or gone
             logger.debug("metrics: could not refresh engine stats: %s", e)
     return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
