@@ -15,6 +15,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flex")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+MODEL_IMPLS = ("auto", "native", "transformers")
 
 
 @dataclass
@@ -29,6 +30,8 @@ class ModelConfig:
     seed: int = 0
     served_model_name: str | None = None
     generation_config: dict[str, Any] = field(default_factory=dict)
+    # auto: native when registered, else Transformers' modeling code; native; transformers
+    model_impl: str = "auto"
 
     @property
     def architecture(self) -> str:
@@ -129,15 +132,18 @@ class ParallelConfig:
         tp, pp = self.tensor_parallel_size, self.pipeline_parallel_size
         heads, kv = m.num_attention_heads, m.num_kv_heads
         mlp = int(m.hf_config["intermediate_size"])
+        moe = int(m.hf_config.get("moe_intermediate_size") or mlp)  # Qwen3-MoE's experts
         ok = [
             n
             for n in range(1, heads + 1)
-            if heads % n == 0 and (kv % n == 0 or n % kv == 0) and mlp % n == 0
+            if heads % n == 0 and (kv % n == 0 or n % kv == 0) and mlp % n == 0 and moe % n == 0
         ]
         if tp not in ok:
             raise ConfigError(
                 f"--tensor-parallel-size {tp} does not divide {what}'s {heads} attention heads, "
-                f"{kv} KV heads and MLP size {mlp}; use one of {ok}."
+                f"{kv} KV heads and MLP size {mlp}"
+                + (f" (experts {moe})" if moe != mlp else "")
+                + f"; use one of {ok}."
             )
         if pp > m.num_layers:
             raise ConfigError(

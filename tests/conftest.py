@@ -82,6 +82,134 @@ TINY_ARCHS: dict[str, tuple[str, dict]] = {
             tie_word_embeddings=False,
         ),
     ),
+    # Phi-3: fused qkv and gate_up in the checkpoint, LongRoPE whose switch point (400) lies past
+    # every test prompt, partial rotary (12 of 16 dims), a sliding window.
+    "phi3-longrope": (
+        "Phi3Config",
+        dict(
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            partial_rotary_factor=0.75,
+            original_max_position_embeddings=400,
+            rope_scaling={
+                "rope_type": "longrope",
+                "short_factor": [1.0, 1.1, 1.3, 1.6, 1.9, 2.2],
+                "long_factor": [1.0, 1.5, 3.0, 6.0, 9.0, 12.0],
+            },
+            sliding_window=64,
+            pad_token_id=None,
+            tie_word_embeddings=False,
+        ),
+    ),
+    # Mixtral: 4 experts, top-2 (a softmax over the chosen logits), every layer sparse.
+    "mixtral": (
+        "MixtralConfig",
+        dict(
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            tie_word_embeddings=False,
+        ),
+    ),
+    # Qwen3-MoE: 8 experts, top-4 renormalised, q/k norm; layer 1 dense (mlp_only_layers).
+    "qwen3-moe": (
+        "Qwen3MoeConfig",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            num_experts=8,
+            num_experts_per_tok=4,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+            tie_word_embeddings=False,
+        ),
+    ),
+    # Gemma 2: attention and final logit soft-capping (caps low enough to bite), every other
+    # layer a sliding window, query_pre_attn_scalar unlike head_dim, tied head.
+    "gemma2": (
+        "Gemma2Config",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            query_pre_attn_scalar=24,
+            sliding_window=40,
+            attn_logit_softcapping=3.0,
+            final_logit_softcapping=5.0,
+        ),
+    ),
+    # Gemma 3: q/k norms, local and global layers with their own rope (linear scaling on the
+    # global ones), head dim 64 over hidden 64, MQA, untied head.
+    "gemma3": (
+        "Gemma3TextConfig",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=64,
+            query_pre_attn_scalar=48,
+            sliding_window=40,
+            layer_types=[
+                "sliding_attention",
+                "sliding_attention",
+                "full_attention",
+                "sliding_attention",
+            ],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+            },
+            tie_word_embeddings=False,
+        ),
+    ),
+}
+
+# Architectures without a native class, served through the Transformers fallback.
+FALLBACK_ARCHS: dict[str, tuple[str, dict]] = {
+    # OLMo-2: q/k RMSNorm over all heads, norms after attention and MLP, GQA.
+    "olmo2": (
+        "Olmo2Config",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            pad_token_id=None,
+            tie_word_embeddings=False,
+        ),
+    ),
+    # GPT-NeoX: fused interleaved qkv, parallel residual, LayerNorm with biases, GELU, a quarter
+    # of each head rotated.
+    "gpt-neox": (
+        "GPTNeoXConfig",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            rotary_pct=0.25,
+            pad_token_id=None,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
 
 VOCAB_SIZE = 320
@@ -114,11 +242,11 @@ def build_tokenizer():
     return fast
 
 
-def build_checkpoint(name: str, out_dir: Path, seed: int = 0) -> Path:
+def build_checkpoint(name: str, out_dir: Path, seed: int = 0, **overrides) -> Path:
     import transformers
 
-    config_cls, kwargs = TINY_ARCHS[name]
-    kwargs = copy.deepcopy(kwargs)
+    config_cls, kwargs = {**TINY_ARCHS, **FALLBACK_ARCHS}[name]
+    kwargs = {**copy.deepcopy(kwargs), **overrides}  # overrides: a variant of `name`
     config = getattr(transformers, config_cls)(
         vocab_size=VOCAB_SIZE,
         max_position_embeddings=1024,
@@ -130,9 +258,11 @@ def build_checkpoint(name: str, out_dir: Path, seed: int = 0) -> Path:
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     # Scale weights up a little so the random model's greedy choices are not near-ties.
     with torch.no_grad():
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             if p.dim() > 1:
                 p.mul_(3.0)
+            elif config.model_type.startswith("gemma") and name.endswith("norm.weight"):
+                p.normal_(0.0, 0.3)  # Gemma norms scale by (1 + w), w initialised to 0
     model.eval()
     model.save_pretrained(out_dir)
     build_tokenizer().save_pretrained(out_dir)

@@ -20,6 +20,7 @@ from inferengine.config import (
     ATTENTION_BACKENDS,
     DTYPES,
     LOAD_FORMATS,
+    MODEL_IMPLS,
     SCHEDULING_POLICIES,
     CacheConfig,
     EngineConfig,
@@ -49,6 +50,8 @@ _HELP = {
     "block_size": "tokens per KV page",
     "seed": "seed for weights (dummy), and for requests without their own seed",
     "load_format": "weights: auto (safetensors or GGUF), or dummy (random, for benchmarks)",
+    "model_impl": "auto: our own model code when the architecture has it, else Transformers' "
+    "modeling code on our paged attention; native: ours only; transformers: always Transformers'",
     "device": "auto, cuda or cpu",
     "attention_backend": "attention implementation (auto: triton on CUDA, torch elsewhere)",
     "attention_backend_benchmark": "with --attention-backend auto: time the usable backends on "
@@ -87,6 +90,7 @@ class EngineArgs:
     block_size: int = 16
     seed: int = 0
     load_format: str = "auto"
+    model_impl: str = "auto"
     device: str = "auto"
     attention_backend: str = "auto"
     attention_backend_benchmark: bool = False
@@ -114,8 +118,12 @@ class EngineArgs:
         device = _resolve_device(self.device)
         if dtype_name == "auto":
             dtype_name = "bfloat16" if device == "cuda" else "float32"
+        if self.model_impl not in MODEL_IMPLS:
+            raise ConfigError(
+                f"--model-impl must be one of {', '.join(MODEL_IMPLS)}; got {self.model_impl!r}."
+            )
         resolved = resolve_model(self.model, self.load_format, self.revision)
-        hf = resolved.hf_config
+        hf, native = _model_implementation(resolved.hf_config, self.model_impl)
         max_model_len = self.max_model_len or _context_len(hf)
         if max_model_len < 1:
             raise ConfigError(f"--max-model-len must be at least 1, got {max_model_len}.")
@@ -132,12 +140,15 @@ class EngineArgs:
             seed=self.seed,
             served_model_name=self.served_model_name,
             generation_config=resolved.generation_config,
+            model_impl=self.model_impl,
         )
+        if not native:
+            _check_fallback(parallel_config, device, self.enforce_eager)
         if speculative is not None and speculative.method == "draft_model":
             speculative.draft_model_config = _draft_model_config(
                 speculative, model_config, self.load_format
             )
-        _check_parallel(parallel_config, model_config, speculative, device)
+        _check_parallel(parallel_config, model_config, speculative, device, native)
         _check_offloading(self.kv_offloading_size, self.enable_prefix_caching, speculative)
         return EngineConfig(
             model_config=model_config,
@@ -162,7 +173,7 @@ class EngineArgs:
             device=device,
             attention_backend=self.attention_backend,
             attention_backend_benchmark=self.attention_backend_benchmark,
-            enforce_eager=self.enforce_eager or device != "cuda",
+            enforce_eager=self.enforce_eager or device != "cuda" or not native,
             speculative_config=speculative,
         )
 
@@ -174,6 +185,7 @@ class EngineArgs:
         choices = {
             "dtype": [*DTYPES, *_DTYPE_ALIASES],
             "load_format": LOAD_FORMATS,
+            "model_impl": MODEL_IMPLS,
             "attention_backend": ATTENTION_BACKENDS,
             "scheduling_policy": SCHEDULING_POLICIES,
             "device": ("auto", "cuda", "cpu"),
@@ -211,6 +223,34 @@ def _speculative_config(value: dict | str | None) -> SpeculativeConfig | None:
     if not isinstance(value, dict):
         raise ConfigError("--speculative-config must be a JSON object, e.g. '{\"method\": ...}'.")
     return SpeculativeConfig.from_dict(value)
+
+
+def _model_implementation(hf_config: dict, model_impl: str) -> tuple[dict, bool]:
+    """Pick native or Transformers code (logged once, with the reason); the Transformers
+    fallback's config gains the standard keys it spells otherwise (GPT-2's n_layer, ...)."""
+    from inferengine.model.registry import choose_implementation
+
+    impl = choose_implementation(hf_config, model_impl)
+    logger.info("%s", impl.describe())
+    if impl.native:
+        return hf_config, True
+    from inferengine.model.transformers_fallback import fallback_hf_config
+
+    return fallback_hf_config(hf_config), False
+
+
+def _check_fallback(parallel: ParallelConfig, device: str, enforce_eager: bool) -> None:
+    """The Transformers fallback runs on one device, without CUDA graphs."""
+    if parallel.world_size > 1:
+        raise ConfigError(
+            "the Transformers fallback runs on one device: use --tensor-parallel-size 1 and "
+            "--pipeline-parallel-size 1, or an architecture with a native implementation."
+        )
+    if device == "cuda" and not enforce_eager:
+        logger.info(
+            "the Transformers fallback runs eagerly (no CUDA graphs): Transformers' modeling "
+            "code is not known to be free of host syncs, which a graph capture cannot take"
+        )
 
 
 def _context_len(hf_config: dict) -> int:
@@ -369,9 +409,11 @@ def _check_parallel(
     model: ModelConfig,
     speculative: SpeculativeConfig | None,
     device: str,
+    native: bool = True,
 ) -> None:
     """Refuse, at start-up, a split the model or the machine cannot take."""
-    parallel.check_model(model)
+    if native:  # the fallback runs unsplit (`_check_fallback`)
+        parallel.check_model(model)
     draft = speculative.draft_model_config if speculative is not None else None
     if draft is not None:
         if parallel.pipeline_parallel_size > 1:

@@ -1,4 +1,4 @@
-"""Llama-style decoder (Llama 2/3/3.1/3.2, Mistral, Qwen2, Qwen3): one class, flags per family.
+"""Llama-style decoder (Llama 2/3/3.1/3.2, Mistral, Qwen2, Qwen3, Phi-3): one class, flags per family.
 
 The forward is engine-shaped: flattened tokens of many sequences, their positions, paged KV
 caches and an `AttentionMetadata`; it returns hidden states, and `compute_logits` turns the rows
@@ -7,7 +7,7 @@ the caller picks into logits.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +30,9 @@ from inferengine.model.layers.linear import (
     RowParallelLinear,
 )
 from inferengine.model.layers.norm import RMSNorm
-from inferengine.model.layers.rotary import RotaryEmbedding
+from inferengine.model.layers.rotary import RotaryEmbedding, rope_parameters, rotary_dim_of
 from inferengine.model.layers.vocab import ParallelLMHead, VocabParallelEmbedding
-from inferengine.model.weights import load_named_weights
+from inferengine.model.weights import load_named_weights, split_fused_rows
 
 
 @dataclass(frozen=True)
@@ -60,10 +60,19 @@ class DecoderSpec:
     mlp_bias: bool
     qk_norm: bool
     sliding_window: int | None
+    rotary_dim: int | None = None  # None: the whole head
 
     @classmethod
-    def from_hf(cls, c: dict[str, Any], *, qkv_bias: bool = False, qk_norm: bool = False):
+    def from_hf(
+        cls,
+        c: dict[str, Any],
+        *,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        partial_rotary: bool = False,
+    ):
         num_heads = c["num_attention_heads"]
+        head_dim = c.get("head_dim") or c["hidden_size"] // num_heads
         attention_bias = bool(c.get("attention_bias", False))
         use_sliding = c.get("use_sliding_window", True)  # Qwen2 keeps a flag beside the size
         return cls(
@@ -73,7 +82,7 @@ class DecoderSpec:
             num_layers=c["num_hidden_layers"],
             num_heads=num_heads,
             num_kv_heads=c.get("num_key_value_heads") or num_heads,
-            head_dim=c.get("head_dim") or c["hidden_size"] // num_heads,
+            head_dim=head_dim,
             rms_norm_eps=c.get("rms_norm_eps", 1e-6),
             max_position=c.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
@@ -82,6 +91,7 @@ class DecoderSpec:
             mlp_bias=bool(c.get("mlp_bias", False)),
             qk_norm=qk_norm,
             sliding_window=c.get("sliding_window") if use_sliding else None,
+            rotary_dim=rotary_dim_of(head_dim, c) if partial_rotary else None,
         )
 
 
@@ -100,7 +110,9 @@ class DecoderAttention(nn.Module):
         self.o_proj = RowParallelLinear(
             spec.num_heads * spec.head_dim, spec.hidden_size, spec.o_bias
         )
-        self.rotary_emb = RotaryEmbedding(spec.head_dim, spec.max_position, hf_config)
+        self.rotary_emb = RotaryEmbedding(
+            spec.head_dim, spec.max_position, hf_config, spec.rotary_dim
+        )
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.attn = Attention(
@@ -144,10 +156,16 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: DecoderSpec, hf_config: dict[str, Any], backend: AttentionBackend):
+    def __init__(
+        self,
+        spec: DecoderSpec,
+        hf_config: dict[str, Any],
+        backend: AttentionBackend,
+        mlp: nn.Module | None = None,
+    ):
         super().__init__()
         self.self_attn = DecoderAttention(spec, hf_config, backend)
-        self.mlp = DecoderMLP(spec)
+        self.mlp = mlp if mlp is not None else DecoderMLP(spec)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
@@ -175,16 +193,23 @@ class MissingLayer(nn.Module):
 
 class DecoderModel(nn.Module):
     """With pipeline parallelism a stage builds only its layers; the first stage embeds, the
-    last one normalises, and the others take and return `(hidden, residual)`."""
+    last one normalises, and the others take and return `(hidden, residual)`. `make_layer(i)`
+    builds layer i (a `DecoderLayer` by default)."""
 
-    def __init__(self, spec: DecoderSpec, hf_config: dict[str, Any], backend: AttentionBackend):
+    def __init__(
+        self,
+        spec: DecoderSpec,
+        hf_config: dict[str, Any],
+        backend: AttentionBackend,
+        make_layer: Callable[[int], nn.Module] | None = None,
+    ):
         super().__init__()
         self.start_layer, self.end_layer = pp_layer_range(spec.num_layers)
         self.embed_tokens = (
             VocabParallelEmbedding(spec.vocab_size, spec.hidden_size) if is_first_stage() else None
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(spec, hf_config, backend)
+            (make_layer(i) if make_layer else DecoderLayer(spec, hf_config, backend))
             if self.start_layer <= i < self.end_layer
             else MissingLayer()
             for i in range(spec.num_layers)
@@ -218,6 +243,7 @@ class LlamaForCausalLM(nn.Module):
 
     qkv_bias = False
     qk_norm = False
+    partial_rotary = False  # honour `partial_rotary_factor` (Transformers' Llama ignores it)
     # HF checkpoint name -> (our parameter name, shard id)
     stacked_params = (
         ("q_proj", "qkv_proj", "q"),
@@ -231,15 +257,24 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.hf_config = init.hf_config
         self.spec = DecoderSpec.from_hf(
-            init.hf_config, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm
+            init.hf_config,
+            qkv_bias=self.qkv_bias,
+            qk_norm=self.qk_norm,
+            partial_rotary=self.partial_rotary,
         )
-        self.model = DecoderModel(self.spec, init.hf_config, init.attn_backend)
+        self.model = DecoderModel(
+            self.spec, init.hf_config, init.attn_backend, lambda i: self.decoder_layer(i, init)
+        )
         self.lm_head = (
             ParallelLMHead(self.spec.vocab_size, self.spec.hidden_size) if is_last_stage() else None
         )
         embed = self.model.embed_tokens
         if self.spec.tie_word_embeddings and self.lm_head is not None and embed is not None:
             self.lm_head.weight = embed.weight
+
+    def decoder_layer(self, index: int, init: ModelInit) -> nn.Module:
+        """Layer `index` (mixture-of-experts models give some layers another MLP)."""
+        return DecoderLayer(self.spec, init.hf_config, init.attn_backend)
 
     def forward(
         self,
@@ -280,8 +315,17 @@ class LlamaForCausalLM(nn.Module):
             )
             skip = ("rotary_emb.inv_freq",)
         load_named_weights(
-            self, (w for w in weights if self.wants_weight(w[0])), self.stacked_params, skip
+            self,
+            (w for w in weights if self.wants_weight(w[0])),
+            self.stacked_params,
+            skip,
+            route=self.route_weight,
         )
+
+    def route_weight(self, name: str) -> tuple[str, Any] | None:
+        """This model's own (parameter name, shard id) for checkpoint tensor `name`, tried
+        before `stacked_params`; None for the default placement."""
+        return None
 
 
 class MistralForCausalLM(LlamaForCausalLM):
@@ -294,3 +338,40 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
     qk_norm = True
+
+
+class Phi3ForCausalLM(LlamaForCausalLM):
+    """Phi-3, Phi-3.5 and Phi-4 (dense): Llama's layers, with q/k/v and gate/up fused in the
+    checkpoint (split into our shards on load, so each rank reads its rows), LongRoPE and
+    `partial_rotary_factor`."""
+
+    partial_rotary = True
+
+    def __init__(self, init: ModelInit):
+        super().__init__(ModelInit(_phi3_config(init.hf_config), init.attn_backend))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        s = self.spec
+        q, kv, mlp = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.intermediate_size
+        fused = {
+            "qkv_proj": [("q_proj", q), ("k_proj", kv), ("v_proj", kv)],
+            "gate_up_proj": [("gate_proj", mlp), ("up_proj", mlp)],
+        }
+        super().load_weights(split_fused_rows(weights, fused))
+
+
+def _phi3_config(c: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3's config defaults and old names, as Transformers' `Phi3Config` reads them."""
+    c = dict(c)
+    c.setdefault("rms_norm_eps", 1e-5)
+    for key in ("rope_scaling", "rope_parameters"):
+        scaling = c.get(key)
+        if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) in (
+            "su",
+            "yarn",
+        ):
+            scaling = {k: v for k, v in scaling.items() if k != "type"}
+            c[key] = {**scaling, "rope_type": "longrope"}
+    if rope_parameters(c)["rope_type"] == "longrope":
+        c.setdefault("original_max_position_embeddings", 4096)
+    return c

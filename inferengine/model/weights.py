@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from inferengine.errors import ModelLoadError
-from inferengine.model.layers.linear import default_weight_loader
+from inferengine.model.layers.linear import default_weight_loader, shape_of
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:
@@ -55,20 +55,73 @@ def iterate_safetensors(
             ) from e
 
 
+class RowRange:
+    """Rows `[start, start + length)` of a checkpoint tensor (a torch tensor or a safetensors
+    slice), read only when indexed: a fused tensor's part, which a rank reads only its shard of."""
+
+    def __init__(self, source: Any, start: int, length: int):
+        self.source, self.start, self.length = source, start, length
+
+    def get_shape(self) -> list[int]:
+        return [self.length, *shape_of(self.source)[1:]]
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        rows, rest = (index[0], index[1:]) if isinstance(index, tuple) else (index, ())
+        assert isinstance(rows, slice) and rows.step in (None, 1), "rows must be a plain slice"
+        first, last, _ = rows.indices(self.length)
+        return self.source[(slice(self.start + first, self.start + last), *rest)]
+
+
+def split_fused_rows(
+    weights: Iterable[tuple[str, Any]], fused: dict[str, list[tuple[str, int]]]
+) -> Iterator[tuple[str, Any]]:
+    """Each checkpoint tensor named `....{fused_part}.{weight|bias}` as its row blocks, renamed to
+    the unfused parts (e.g. Phi-3's `qkv_proj` → `q_proj`, `k_proj`, `v_proj`), so the usual
+    stacked-parameter routing places them."""
+    for name, tensor in weights:
+        for part, pieces in fused.items():
+            if f".{part}." in name:
+                rows = shape_of(tensor)[0]
+                if rows != sum(size for _, size in pieces):
+                    raise ModelLoadError(
+                        f"checkpoint tensor {name} has {rows} rows, but config.json implies "
+                        f"{' + '.join(str(size) for _, size in pieces)}; is config.json the "
+                        "one that belongs to these weights?"
+                    )
+                start = 0
+                for piece, size in pieces:
+                    yield name.replace(f".{part}.", f".{piece}."), RowRange(tensor, start, size)
+                    start += size
+                break
+        else:
+            yield name, tensor
+
+
 def load_named_weights(
     model: nn.Module,
     weights: Iterable[tuple[str, Any]],
     stacked_params: Iterable[tuple[str, str, int | str]],
     skip_suffixes: tuple[str, ...] = (),
+    route: Callable[[str], tuple[str, Any] | None] | None = None,
 ) -> None:
     """Copy HF-named tensors into `model`, routing q/k/v and gate/up into fused parameters.
 
+    `route(name)`, when given, is asked first: a model's own `(parameter name, shard id)` for a
+    checkpoint tensor (e.g. one expert of a mixture-of-experts layer), or None.
     Every parameter must be filled; a missing one means a truncated or mismatched checkpoint.
     """
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for name, tensor in weights:
         if name.endswith(skip_suffixes):
+            continue
+        routed = route(name) if route is not None else None
+        if routed is not None:
+            target, shard_id = routed
+            if target not in params:
+                raise ModelLoadError(f"checkpoint tensor {name} has no place in the model")
+            _load(params[target], tensor, name, shard_id)
+            loaded.add(target)
             continue
         for hf_part, our_part, shard_id in stacked_params:
             if f".{hf_part}." in name:
@@ -97,7 +150,7 @@ def load_named_weights(
         )
 
 
-def _load(param: nn.Parameter, tensor: Any, name: str, shard_id: int | str | None) -> None:
+def _load(param: nn.Parameter, tensor: Any, name: str, shard_id: Any) -> None:
     """`tensor`: a torch tensor or a safetensors slice; `copy_` converts the dtype."""
     loader = getattr(param, "weight_loader", None)
     try:

@@ -81,6 +81,15 @@ VARIANTS = [
     # q/k RMSNorm, explicit head_dim (the hidden size stays 64 throughout); conftest's 8/1.
     Variant("qwen3", 256, 4, 2, all_modes=True),
     Variant("qwen3", 32, 8, 1),
+    # Mixture of experts (the fused Triton MoE kernels): conftest's shapes.
+    Variant("mixtral", 16, 4, 2, all_modes=True),
+    Variant("qwen3-moe", 32, 4, 2, all_modes=True),
+    # Phi-3: LongRoPE rotating 12 of 16 dims (a partial rotary the fused KV store cannot take).
+    Variant("phi3-longrope", 16, 4, 2, all_modes=True),
+    # Gemma 2: soft-capped attention in the Triton kernels; Gemma 3: q/k norm and two ropes. Both
+    # at Gemma's head dim 256 with sliding windows.
+    Variant("gemma2", 256, 8, 4, all_modes=True),
+    Variant("gemma3", 256, 4, 1, all_modes=True),
 ]
 
 # Engine settings shared by every test: small, since other tests share the GPU.

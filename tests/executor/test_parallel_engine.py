@@ -21,6 +21,13 @@ from tests.conftest import hf_greedy, hf_model
 # one KV head, which 2 or 4 ranks replicate).
 ARCHS = ["llama3-tied", "qwen3"]
 LAYOUTS = {"tp2": (2, 1), "tp4": (4, 1), "pp2": (1, 2), "tp2-pp2": (2, 2)}
+# Gemma (its own decoder on the same parallel layers): both parallelisms at once.
+CASES = [(a, layout) for a in ARCHS for layout in sorted(LAYOUTS)] + [
+    ("gemma2", "tp2-pp2"),
+    ("gemma3", "tp2-pp2"),
+    # Phi-3: its fused qkv and gate_up checkpoint tensors split into each rank's shards.
+    ("phi3-longrope", "tp2"),
+]
 LENGTHS = [3, 20, 45, 70, 130]
 MAX_TOKENS = [14, 9, 12, 6, 10]
 # Prompts go in chunks of at most 24 tokens, and 14 pages cannot hold every request at once.
@@ -50,8 +57,7 @@ def _generate(llm: LLM):
     return llm.generate(prompts, params, use_tqdm=False)
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(("arch", "layout"), CASES)
 def test_parallel_greedy_matches_one_rank_and_transformers(tiny_checkpoint, arch, layout):
     path = str(tiny_checkpoint(arch))
     tp, pp = LAYOUTS[layout]

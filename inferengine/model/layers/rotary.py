@@ -1,7 +1,21 @@
 """Rotary position embedding (NeoX half-rotation, as Llama/Qwen/Mistral use) and its scalings.
 
-Supported `rope_type`s: default, linear, llama3, yarn. The cos/sin table is computed once in
-float32 for every position up to `max_position`, with the same arithmetic as Transformers.
+Supported `rope_type`s: default, linear, llama3, yarn, longrope (Phi-3). The cos/sin table is
+computed once in float32 for every position up to `max_position`, with the same arithmetic as
+Transformers; `partial_rotary_factor` rotates only the first part of each head.
+
+LongRoPE: Transformers picks the short or the long factors per forward call, by the largest
+position in it (`seq_len > original_max_position_embeddings` → long). An engine step mixes many
+sequences, chunks prompts and reuses cached pages, so a per-call switch would make a token's
+keys depend on its neighbours in the batch. We switch per position instead: rows below
+`original_max_position_embeddings` use the short factors, rows from it on the long ones (both
+times the attention factor). A sequence that stays under the switch point gets exactly
+Transformers' rotation; one that grows past it while decoding gets what Transformers' own
+cached generation gives (the earlier keys stay short-rotated, new tokens use the long factors).
+A prompt longer than the switch point differs from Transformers' one-shot prefill, which
+rotates all of its positions with the long factors. vLLM instead picks one set for every
+position from `max_model_len` (long when it exceeds the switch point), which changes short
+prompts whenever the context is long.
 """
 
 from __future__ import annotations
@@ -15,7 +29,7 @@ from torch import nn
 from inferengine.errors import ModelLoadError
 from inferengine.model.layers.fused import use_fused_kernels
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 def rope_parameters(hf_config: dict[str, Any]) -> dict[str, Any]:
@@ -27,7 +41,10 @@ def rope_parameters(hf_config: dict[str, Any]) -> dict[str, Any]:
     if "type" in params and "rope_type" not in params:
         params["rope_type"] = params.pop("type")
     params.setdefault("rope_type", "default")
+    if params["rope_type"] == "su":  # LongRoPE's first name (early Phi-3 configs)
+        params["rope_type"] = "longrope"
     params.setdefault("rope_theta", hf_config.get("rope_theta", 10000.0))
+    params.setdefault("partial_rotary_factor", hf_config.get("partial_rotary_factor", 1.0))
     if params["rope_type"] not in SUPPORTED_ROPE_TYPES:
         raise ModelLoadError(
             f"rope_scaling type {params['rope_type']!r} is not supported; supported types are "
@@ -91,6 +108,52 @@ def _yarn_inv_freq(
     return inv_freq, float(attention_factor)
 
 
+def rotary_dim_of(head_dim: int, hf_config: dict[str, Any]) -> int:
+    """The rotated dims of each head for models that honour `partial_rotary_factor` (Phi-3;
+    Transformers' Llama ignores it), truncated as Transformers does."""
+    factor = rope_parameters(hf_config).get("partial_rotary_factor") or 1.0
+    return int(head_dim * factor)
+
+
+def _longrope_cos_sin(
+    dim: int, base: float, params: dict[str, Any], hf_config: dict[str, Any], max_position: int
+) -> torch.Tensor:
+    """[max_position, dim] cos|sin: short factors below the switch point, long ones from it."""
+    # Like Transformers: a top-level `original_max_position_embeddings` (Phi-3 keeps it there)
+    # wins over the one in the scaling dict.
+    original = (
+        hf_config.get("original_max_position_embeddings")
+        or params.get("original_max_position_embeddings")
+        or max_position
+    )
+    factor = params.get("factor")
+    if factor is None:
+        factor = hf_config.get("max_position_embeddings", max_position) / original
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (
+            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        )
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    rows = []
+    for ext, first, last in (
+        (params["short_factor"], 0, min(original, max_position)),
+        (params["long_factor"], original, max_position),
+    ):
+        if first >= last:
+            continue
+        ext_factors = torch.tensor(ext, dtype=torch.float32)
+        if ext_factors.shape != (dim // 2,):
+            raise ModelLoadError(
+                f"rope_scaling longrope factors must have {dim // 2} entries (half the rotary "
+                f"dim {dim}); got {ext_factors.shape[0]}. Check config.json."
+            )
+        inv_freq = 1.0 / (ext_factors * base**exponents)
+        freqs = torch.outer(torch.arange(first, last, dtype=torch.float32), inv_freq)
+        rows.append(torch.cat([freqs.cos(), freqs.sin()], dim=-1) * attention_factor)
+    return torch.cat(rows)
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(
         self,
@@ -106,6 +169,10 @@ class RotaryEmbedding(nn.Module):
         base = float(params["rope_theta"])
         scale = 1.0
         kind = params["rope_type"]
+        if kind == "longrope":
+            cache = _longrope_cos_sin(self.rotary_dim, base, params, hf_config, max_position)
+            self.register_buffer("cos_sin_cache", cache, persistent=False)
+            return
         inv_freq = _inv_freq(self.rotary_dim, base)
         if kind == "linear":
             inv_freq = inv_freq / params["factor"]

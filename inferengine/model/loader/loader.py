@@ -23,7 +23,7 @@ def load_model(
     model_config: ModelConfig, device: torch.device, attn_backend: AttentionBackend
 ) -> nn.Module:
     start = time.perf_counter()
-    cls = resolve_model_class(model_config.hf_config)
+    cls = resolve_model_class(model_config.hf_config, model_config.model_impl)
     dtype = TORCH_DTYPES[model_config.dtype]
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -34,6 +34,8 @@ def load_model(
         torch.set_default_dtype(previous)
     # Buffers computed in float32 (the rotary cos/sin table) stay float32.
     if model_config.load_format == "dummy":
+        if hasattr(model, "materialize"):  # built on the meta device until its weights come
+            model.materialize()
         init_dummy_weights(model, model_config.seed)
     else:
         from pathlib import Path
