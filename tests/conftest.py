@@ -216,8 +216,9 @@ VOCAB_SIZE = 320
 BOS_ID, EOS_ID = 0, 1
 
 
-def build_tokenizer():
-    """A small byte-level BPE tokenizer with a chat template, trained in-process."""
+def build_tokenizer(extra_special_tokens: tuple[str, ...] = ()):
+    """A small byte-level BPE tokenizer with a chat template, trained in-process; special tokens
+    `<s>`, `</s>` and then `extra_special_tokens` (ids 2, 3, ...)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -230,7 +231,7 @@ def build_tokenizer():
     ] * 40
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
-        special_tokens=["<s>", "</s>"],
+        special_tokens=["<s>", "</s>", *extra_special_tokens],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(corpus, trainer)

@@ -22,7 +22,6 @@ from inferengine.attention.backends.base import AttentionBackend
 from inferengine.attention.layer import Attention
 from inferengine.attention.metadata import AttentionMetadata
 from inferengine.distributed.parallel_state import (
-    get_tp_size,
     is_first_stage,
     is_last_stage,
     pp_layer_range,
@@ -30,12 +29,18 @@ from inferengine.distributed.parallel_state import (
 from inferengine.errors import ModelLoadError
 from inferengine.model.layers.linear import (
     MergedColumnParallelLinear,
-    QKVParallelLinear,
     RowParallelLinear,
 )
 from inferengine.model.layers.rotary import RotaryEmbedding
 from inferengine.model.layers.vocab import ParallelLMHead, VocabParallelEmbedding
-from inferengine.model.llama import DecoderSpec, LlamaForCausalLM, MissingLayer, ModelInit
+from inferengine.model.llama import (
+    DecoderSpec,
+    LlamaForCausalLM,
+    MissingLayer,
+    ModelInit,
+    add_projections,
+    attend,
+)
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
@@ -138,18 +143,7 @@ class GemmaAttention(nn.Module):
         backend: AttentionBackend,
     ):
         super().__init__()
-        tp = get_tp_size()
-        self.num_heads = spec.num_heads // tp
-        self.num_kv_heads = max(1, spec.num_kv_heads // tp)
-        self.head_dim = spec.head_dim
-        self.q_size = self.num_heads * spec.head_dim
-        self.kv_size = self.num_kv_heads * spec.head_dim
-        self.qkv_proj = QKVParallelLinear(
-            spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.qkv_bias
-        )
-        self.o_proj = RowParallelLinear(
-            spec.num_heads * spec.head_dim, spec.hidden_size, spec.o_bias
-        )
+        add_projections(self, spec)
         self.rotary_emb = rotary_emb  # shared by every layer of its type
         self.q_norm = GemmaRMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = GemmaRMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
@@ -222,12 +216,7 @@ class GemmaDecoderLayer(nn.Module):
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, kv_cache, metadata)
+        hidden, residual = attend(self, positions, hidden, residual, kv_cache, metadata)
         hidden = self.post_attention_layernorm(hidden)
         hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
         hidden = self.post_feedforward_layernorm(self.mlp(hidden))

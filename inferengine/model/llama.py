@@ -95,21 +95,24 @@ class DecoderSpec:
         )
 
 
+def add_projections(attn: nn.Module, spec: DecoderSpec) -> None:
+    """An attention module's head counts on this rank and its qkv and output projections."""
+    tp = get_tp_size()
+    attn.num_heads = spec.num_heads // tp
+    attn.num_kv_heads = max(1, spec.num_kv_heads // tp)
+    attn.head_dim = spec.head_dim
+    attn.q_size = attn.num_heads * spec.head_dim
+    attn.kv_size = attn.num_kv_heads * spec.head_dim
+    attn.qkv_proj = QKVParallelLinear(
+        spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.qkv_bias
+    )
+    attn.o_proj = RowParallelLinear(spec.num_heads * spec.head_dim, spec.hidden_size, spec.o_bias)
+
+
 class DecoderAttention(nn.Module):
     def __init__(self, spec: DecoderSpec, hf_config: dict[str, Any], backend: AttentionBackend):
         super().__init__()
-        tp = get_tp_size()
-        self.num_heads = spec.num_heads // tp
-        self.num_kv_heads = max(1, spec.num_kv_heads // tp)
-        self.head_dim = spec.head_dim
-        self.q_size = self.num_heads * spec.head_dim
-        self.kv_size = self.num_kv_heads * spec.head_dim
-        self.qkv_proj = QKVParallelLinear(
-            spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.qkv_bias
-        )
-        self.o_proj = RowParallelLinear(
-            spec.num_heads * spec.head_dim, spec.hidden_size, spec.o_bias
-        )
+        add_projections(self, spec)
         self.rotary_emb = RotaryEmbedding(
             spec.head_dim, spec.max_position, hf_config, spec.rotary_dim
         )
@@ -177,14 +180,30 @@ class DecoderLayer(nn.Module):
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, kv_cache, metadata)
+        hidden, residual = attend(self, positions, hidden, residual, kv_cache, metadata)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return self.feed_forward(hidden, metadata), residual
+
+    def feed_forward(self, hidden: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        return self.mlp(hidden)
+
+
+def attend(
+    layer: nn.Module,
+    positions: torch.Tensor,
+    hidden: torch.Tensor,
+    residual: torch.Tensor | None,
+    kv_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoder layer's first half: its input norm (with the residual add carried from the layer
+    before) and self-attention; (attention output, residual)."""
+    if residual is None:
+        residual = hidden
+        hidden = layer.input_layernorm(hidden)
+    else:
+        hidden, residual = layer.input_layernorm(hidden, residual)
+    return layer.self_attn(positions, hidden, kv_cache, metadata), residual
 
 
 class MissingLayer(nn.Module):

@@ -42,22 +42,8 @@ class MoeDecoderLayer(DecoderLayer):
     """A decoder layer whose MLP is a `SparseMoeBlock` (given the step's slot mapping, so that
     padding tokens are left out of the expert counts)."""
 
-    def forward(
-        self,
-        positions: torch.Tensor,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
-        kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, kv_cache, metadata)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden, metadata.slot_mapping), residual
+    def feed_forward(self, hidden: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        return self.mlp(hidden, metadata.slot_mapping)
 
 
 class MoeForCausalLM(LlamaForCausalLM):

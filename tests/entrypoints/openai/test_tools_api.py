@@ -59,25 +59,7 @@ THINK_ID, END_THINK_ID = 2, 3  # in `build_thinking_tokenizer`
 def build_thinking_tokenizer():
     """The test tokenizer's recipe (tests/conftest.py) with `<think>` and `</think>` as two more
     special tokens, ids 2 and 3, still VOCAB_SIZE tokens: a reasoning model's tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    plain = build_tokenizer()
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = [
-        "The quick brown fox jumps over the lazy dog. Hello world, how are you today?",
-        "Paris is the capital of France. Zürich, café, naïve — unicode text 東京 🙂.",
-    ] * 40
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=["<s>", "</s>", "<think>", "</think>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(corpus, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-    fast.chat_template = plain.chat_template
+    fast = build_tokenizer(("<think>", "</think>"))
     assert len(fast) == VOCAB_SIZE
     assert fast.convert_tokens_to_ids(["<think>", "</think>"]) == [THINK_ID, END_THINK_ID]
     return fast
