@@ -67,7 +67,8 @@ class ModelConfig:
 class CacheConfig:
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
-    kv_cache_memory: int | None = None  # bytes for the KV cache; the CPU budget (default 1 GiB)
+    # Bytes for the KV cache; default on the CPU: a share of the available memory (kv_memory.py).
+    kv_cache_memory: int | None = None
     enable_prefix_caching: bool = True
     num_gpu_blocks_override: int | None = None
     kv_offloading_size: float | None = None  # GiB of host memory for the CPU tier, all ranks
@@ -96,6 +97,8 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int = 2048
+    # The model's context length, not a --max-model-len: lowered to what the KV cache holds.
+    max_model_len_auto: bool = False
     long_prefill_token_threshold: int = 0  # 0: a prefill chunk may use the whole budget
     policy: str = "fcfs"
     max_waiting_requests: int | None = None  # None: unbounded waiting queue

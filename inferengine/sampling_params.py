@@ -6,11 +6,34 @@ import copy
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 from inferengine.errors import InvalidRequestError
 from inferengine.structured_output.params import StructuredOutputsParams
 
 _GREEDY_EPS = 1e-5
+
+
+# generation_config.json keys that become request defaults, as vLLM's
+# `ModelConfig.get_diff_sampling_param`; Transformers' `max_new_tokens` is our `max_tokens`.
+GENERATION_CONFIG_SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "max_new_tokens",
+)
+
+
+def sampling_defaults(generation_config: dict[str, Any]) -> dict[str, Any]:
+    """The `SamplingParams` fields a generation_config.json sets, for requests that leave them
+    unset (`do_sample` is ignored, as vLLM does)."""
+    return {
+        ("max_tokens" if k == "max_new_tokens" else k): generation_config[k]
+        for k in GENERATION_CONFIG_SAMPLING_KEYS
+        if generation_config.get(k) is not None
+    }
 
 
 class RequestOutputKind(IntEnum):

@@ -155,23 +155,41 @@ class _StreamTimer:
         out.success = True
 
 
+async def _post(
+    session: aiohttp.ClientSession, req: RequestInput, timeout_s: float | None, out: RequestOutput
+) -> aiohttp.ClientResponse:
+    """POST `req`; once more when the connection drops before any byte of a response came back.
+    Some servers (llama.cpp's llama-server) close each connection after a response while
+    advertising keep-alive, so a pooled connection can be dead when reused; a request that got
+    no response was not served, so the retry never counts one twice."""
+    for attempt in (1, 2):
+        out.start_time = time.perf_counter()
+        try:
+            return await session.post(
+                req.api_url,
+                json=build_payload(req),
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            )
+        except aiohttp.ClientConnectorError:  # no connection at all: nothing stale to retry
+            raise
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 async def send_request(
     session: aiohttp.ClientSession, req: RequestInput, timeout_s: float | None = None
 ) -> RequestOutput:
     """Send one streamed request; failures come back as `success=False` with an error text."""
     out = RequestOutput(prompt_len=req.prompt_len)
-    timer = _StreamTimer(out, req.chat)
-    out.start_time = time.perf_counter()
     try:
-        async with session.post(
-            req.api_url,
-            json=build_payload(req),
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-        ) as response:
+        async with await _post(session, req, timeout_s, out) as response:
             if response.status != 200:
                 body = (await response.text())[:500]
                 out.error = f"HTTP {response.status} {response.reason}: {body}"
                 return out
+            timer = _StreamTimer(out, req.chat)
             decoder = SSEDecoder()
             async for data in response.content.iter_any():
                 now = time.perf_counter()

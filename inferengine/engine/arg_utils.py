@@ -29,7 +29,7 @@ from inferengine.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
-from inferengine.errors import ConfigError
+from inferengine.errors import ConfigError, InvalidRequestError
 from inferengine.logger import init_logger
 
 logger = init_logger(__name__)
@@ -45,10 +45,17 @@ _HELP = {
     "max_num_seqs": "most requests in one step",
     "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes)",
     "enable_prefix_caching": "reuse the KV pages of shared prompt prefixes",
-    "gpu_memory_utilization": "fraction of GPU memory for weights, activations and KV cache",
-    "kv_cache_memory": "bytes for the KV cache, e.g. 2GiB (default on CPU: 1GiB)",
+    "gpu_memory_utilization": "fraction of GPU memory for weights, activations and KV cache "
+    "(CUDA only)",
+    "kv_cache_memory": "bytes for the KV cache, e.g. 2GiB (default on CPU: 0.3 of the memory "
+    "available after loading the weights, leaving at least 1GiB)",
     "block_size": "tokens per KV page",
     "seed": "seed for weights (dummy), and for requests without their own seed",
+    "generation_config": "defaults for the sampling fields a request leaves unset (temperature, "
+    "top_p, top_k, min_p, repetition_penalty, and max_new_tokens as max_tokens): auto = the "
+    "model folder's generation_config.json; vllm = ignore it (temperature 1.0, top_p 1.0, ...); "
+    "or a folder whose generation_config.json to take them from. The default model's folder "
+    "carries its model card's values (temperature 0.2, top_p 0.9)",
     "load_format": "weights: auto (safetensors or GGUF), or dummy (random, for benchmarks)",
     "model_impl": "auto: our own model code when the architecture has it, else Transformers' "
     "modeling code on our paged attention; native: ours only; transformers: always Transformers'",
@@ -89,6 +96,7 @@ class EngineArgs:
     kv_cache_memory: int | None = None
     block_size: int = 16
     seed: int = 0
+    generation_config: str = "auto"
     load_format: str = "auto"
     model_impl: str = "auto"
     device: str = "auto"
@@ -139,7 +147,9 @@ class EngineArgs:
             load_format=resolved.load_format,
             seed=self.seed,
             served_model_name=self.served_model_name,
-            generation_config=resolved.generation_config,
+            generation_config=_generation_config(
+                resolved.generation_config, self.generation_config, resolved.path
+            ),
             model_impl=self.model_impl,
         )
         if not native:
@@ -164,6 +174,7 @@ class EngineArgs:
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=budget,
                 max_model_len=max_model_len,
+                max_model_len_auto=not self.max_model_len,
                 long_prefill_token_threshold=self.long_prefill_token_threshold,
                 policy=self.scheduling_policy,
                 max_waiting_requests=self.max_waiting_requests,
@@ -213,6 +224,57 @@ class EngineArgs:
 
     def replace(self, **changes: Any) -> EngineArgs:
         return dataclasses.replace(self, **changes)
+
+
+def _generation_config(model_file: dict[str, Any], choice: str, model_path: Path) -> dict:
+    """The model's generation config with `--generation-config` applied to its sampling keys:
+    kept (auto), dropped (vllm) or taken from FOLDER/generation_config.json. Logs the request
+    defaults once; a value `SamplingParams` refuses fails here, not in every request."""
+    from inferengine.sampling_params import (
+        GENERATION_CONFIG_SAMPLING_KEYS,
+        SamplingParams,
+        sampling_defaults,
+    )
+
+    config = {k: v for k, v in model_file.items() if k not in GENERATION_CONFIG_SAMPLING_KEYS}
+    source = None
+    if choice == "auto":
+        source = model_path / "generation_config.json"
+        config |= {k: v for k, v in model_file.items() if k in GENERATION_CONFIG_SAMPLING_KEYS}
+    elif choice != "vllm":
+        source = Path(choice).expanduser() / "generation_config.json"
+        if not source.is_file():
+            raise ConfigError(
+                f"--generation-config {choice}: no {source}. Give auto (the model's file), vllm "
+                "(built-in defaults) or a folder holding a generation_config.json."
+            )
+        try:
+            folder_file = json.loads(source.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{source} is not valid JSON ({e}).") from e
+        config |= {k: v for k, v in folder_file.items() if k in GENERATION_CONFIG_SAMPLING_KEYS}
+    defaults = sampling_defaults(config)
+    try:
+        SamplingParams(**defaults)
+    except (InvalidRequestError, TypeError) as e:
+        raise ConfigError(
+            f"the sampling defaults from {source} are invalid ({e}); fix the file or pass "
+            "--generation-config vllm."
+        ) from e
+    if defaults:
+        listed = " ".join(f"{k}={v}" for k, v in defaults.items())
+        logger.info(
+            "default sampling from %s: %s (requests that set a field keep theirs; "
+            "--generation-config vllm ignores the file)",
+            source,
+            listed,
+        )
+    else:
+        logger.info(
+            "default sampling: built-in (temperature=1.0 top_p=1.0 top_k=0 min_p=0.0 "
+            "repetition_penalty=1.0)"
+        )
+    return config
 
 
 def _speculative_config(value: dict | str | None) -> SpeculativeConfig | None:

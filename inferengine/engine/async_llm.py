@@ -111,6 +111,10 @@ class AsyncLLM:
         """Wait until the engine core serves."""
         self.ready_info = await self.client.wait_until_ready()
         self.scheduler_stats.num_blocks = self.ready_info.get("num_blocks", 0)
+        if "max_model_len" in self.ready_info:  # the core lowers it to what its cache holds
+            max_len = int(self.ready_info["max_model_len"])
+            self.config.scheduler_config.max_model_len = max_len
+            self.model_config.max_model_len = max_len
         self._handler = asyncio.create_task(self._output_handler())
 
     # ---- health ------------------------------------------------------------------------

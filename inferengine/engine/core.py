@@ -102,6 +102,17 @@ class EngineCore:
         cc, sc = self.config.cache_config, self.config.scheduler_config
         usable_tokens = max(0, num_blocks - 1) * cc.block_size
         flag = "--gpu-memory-utilization" if self.config.device == "cuda" else "--kv-cache-memory"
+        if sc.max_model_len_auto and 0 < usable_tokens < sc.max_model_len:
+            logger.warning(
+                "the KV cache holds %d tokens, fewer than the model's context length of %d: "
+                "max_model_len lowered to %d. For longer requests give the cache more memory "
+                "with %s (and set --max-model-len).",
+                usable_tokens,
+                sc.max_model_len,
+                usable_tokens,
+                flag,
+            )
+            self._lower_max_model_len(usable_tokens)
         if usable_tokens < sc.max_model_len:
             raise ConfigError(
                 f"the KV cache holds {usable_tokens} tokens ({num_blocks} pages of "
@@ -118,6 +129,14 @@ class EngineCore:
             usable_tokens / sc.max_model_len,
             sc.max_model_len,
         )
+
+    def _lower_max_model_len(self, max_model_len: int) -> None:
+        """Every config that carries it; the workers keep theirs, which only bounds buffers."""
+        self.config.scheduler_config.max_model_len = max_model_len
+        self.config.model_config.max_model_len = max_model_len
+        spec = self.config.speculative_config
+        if spec is not None and spec.draft_model_config is not None:
+            spec.draft_model_config.max_model_len = max_model_len
 
     # ---- requests ----------------------------------------------------------------------
 

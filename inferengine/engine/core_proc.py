@@ -70,6 +70,7 @@ class EngineCoreProc:
             raise
         ready = {
             "num_blocks": config.cache_config.num_blocks,
+            "max_model_len": config.scheduler_config.max_model_len,  # lowered to fit the cache
             "attention_backend": self.core.executor.attention_backend_name,
             "attention_backend_timings_ms": self.core.executor.attention_backend_timings_ms,
             "pid": os.getpid(),

@@ -16,7 +16,7 @@ from inferengine.entrypoints.cache_breakpoints import cache_breakpoints, take_ca
 from inferengine.errors import InvalidRequestError
 from inferengine.outputs import RequestOutput
 from inferengine.retention import Retention
-from inferengine.sampling_params import RequestOutputKind, SamplingParams
+from inferengine.sampling_params import RequestOutputKind, SamplingParams, sampling_defaults
 
 Conversation = list[dict[str, Any]]
 
@@ -59,6 +59,14 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` and `chat` use when given no `sampling_params`: the model's
+        generation_config.json values (`generation_config="auto"`, the default) over
+        `SamplingParams()`'s, as in vLLM."""
+        return SamplingParams(
+            **sampling_defaults(self.llm_engine.config.model_config.generation_config)
+        )
+
     def export_kv(self, prompt_token_ids: list[int], cache_salt: str | None = None) -> KVBundle:
         """The KV pages of the longest cached prefix of `prompt_token_ids` (full pages, from
         the GPU pool or the CPU tier), for another engine's `import_kv`."""
@@ -86,7 +94,7 @@ class LLM:
         """
         retention = Retention.parse(prompt_cache_key, prompt_cache_retention)
         prompt_list = _as_prompt_list(prompts)
-        params_list = _as_params_list(sampling_params, len(prompt_list))
+        params_list = self._params_list(sampling_params, len(prompt_list))
         if priority is not None and len(priority) != len(prompt_list):
             raise InvalidRequestError("priority must have one entry per prompt.")
         retentions = [retention] * len(prompt_list)
@@ -128,8 +136,15 @@ class LLM:
                 processor, conv, leases, prompt["prompt_token_ids"], kwargs
             )
             retentions.append(dataclasses.replace(retention, breakpoints=tuple(breakpoints)))
-        params_list = _as_params_list(sampling_params, len(prompts))
+        params_list = self._params_list(sampling_params, len(prompts))
         return self._run(prompts, params_list, use_tqdm, None, retentions)
+
+    def _params_list(
+        self, params: SamplingParams | Sequence[SamplingParams] | None, n: int
+    ) -> list[SamplingParams]:
+        if params is None:
+            return [self.get_default_sampling_params() for _ in range(n)]
+        return _as_params_list(params, n)
 
     def _run(
         self,
@@ -197,10 +212,8 @@ def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptTy
 
 
 def _as_params_list(
-    params: SamplingParams | Sequence[SamplingParams] | None, n: int
+    params: SamplingParams | Sequence[SamplingParams], n: int
 ) -> list[SamplingParams]:
-    if params is None:
-        return [SamplingParams() for _ in range(n)]
     if isinstance(params, SamplingParams):
         return [params] * n
     params = list(params)

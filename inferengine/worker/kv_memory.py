@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -13,8 +14,22 @@ from inferengine.logger import init_logger
 
 logger = init_logger(__name__)
 
-DEFAULT_CPU_KV_BYTES = 1 << 30
 _GIB = 1 << 30
+# On the CPU the KV cache takes this share of the memory still available once the weights are
+# loaded, and never so much that less than CPU_HEADROOM_BYTES stays available. --kv-cache-memory
+# overrides it; --gpu-memory-utilization is a share of device memory and applies to CUDA only.
+CPU_KV_FRACTION = 0.3
+CPU_HEADROOM_BYTES = _GIB
+FALLBACK_CPU_KV_BYTES = _GIB  # where the available memory cannot be read
+# cgroup v2, then v1: (limit, usage) files, as a container sees its own group at the root.
+_CGROUP_FILES = (
+    ("sys/fs/cgroup/memory.max", "sys/fs/cgroup/memory.current", "sys/fs/cgroup/memory.stat"),
+    (
+        "sys/fs/cgroup/memory/memory.limit_in_bytes",
+        "sys/fs/cgroup/memory/memory.usage_in_bytes",
+        "sys/fs/cgroup/memory/memory.stat",
+    ),
+)
 
 
 def _kv_heads(m: ModelConfig, config: EngineConfig) -> int:
@@ -64,9 +79,77 @@ def runs_eagerly(config: EngineConfig) -> bool:
     return config.enforce_eager or config.parallel_config.pipeline_parallel_size > 1
 
 
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # missing, or "max" (no limit)
+        return None
+
+
+def _stat_value(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def host_memory_available(root: str | Path = "/") -> int | None:
+    """Bytes of host memory this process can still take: /proc/meminfo's MemAvailable, or
+    less where a cgroup (a container's memory limit) leaves less. None: unknown."""
+    root = Path(root)
+    available = None
+    try:
+        for line in (root / "proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit_file, usage_file, stat_file in _CGROUP_FILES:
+        limit, usage = _read_int(root / limit_file), _read_int(root / usage_file)
+        if limit is None or usage is None or limit >= 1 << 60:  # v1 writes "no limit" as ~2^63
+            continue
+        # Usage counts page cache; its inactive part is reclaimed before the limit bites.
+        left = max(0, limit - usage + _stat_value(root / stat_file, "inactive_file"))
+        available = left if available is None else min(available, left)
+    return available
+
+
+def cpu_kv_budget(available: int | None, share: float = 1.0) -> tuple[int, str]:
+    """The default CPU KV cache bytes for one rank holding `share` of the cache, given the
+    host memory still available, and why."""
+    if available is None:
+        return int(FALLBACK_CPU_KV_BYTES * share), "available host memory unknown"
+    budget = max(0, min(available * CPU_KV_FRACTION, available - CPU_HEADROOM_BYTES))
+    why = (
+        f"{CPU_KV_FRACTION:g} of the {available / _GIB:.1f} GiB available after loading the "
+        f"weights, leaving at least {CPU_HEADROOM_BYTES / _GIB:g} GiB"
+    )
+    return int(budget * share), why
+
+
 def num_blocks_for_cpu(config: EngineConfig, dtype: torch.dtype) -> int:
-    budget = config.cache_config.kv_cache_memory or DEFAULT_CPU_KV_BYTES
-    return budget // kv_block_bytes(config, dtype)
+    """Pages in --kv-cache-memory, or by default in a share of the host memory available now
+    (the weights are loaded; the ranks of a split model share it), and no more than
+    max_num_seqs requests of max_model_len can fill."""
+    page_bytes = kv_block_bytes(config, dtype)
+    budget = config.cache_config.kv_cache_memory
+    if budget:
+        why = "--kv-cache-memory"
+    else:
+        world_size = config.parallel_config.world_size
+        budget, why = cpu_kv_budget(host_memory_available(), 1 / world_size)
+        sc = config.scheduler_config
+        pages_per_seq = -(-sc.max_model_len // config.cache_config.block_size)
+        most = (sc.max_num_seqs * pages_per_seq + 1) * page_bytes
+        if budget > most:
+            budget, why = most, f"max_num_seqs={sc.max_num_seqs} requests of max_model_len"
+        why += "; --kv-cache-memory sets it"
+    logger.info("CPU KV cache: %.2f GiB (%s)", budget / _GIB, why)
+    return budget // page_bytes
 
 
 def num_blocks_for_cuda(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 import pytest
@@ -112,3 +113,51 @@ def test_failures_come_back_as_errors(fake_server):
 
     out = asyncio.run(refused())
     assert not out.success and "Connect" in out.error
+
+
+async def _serve_then_hang_up(reader, writer):
+    """llama-server's habit: answer one request with keep-alive advertised, then hang up
+    shortly after, whatever the client sent meanwhile."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.lower().split(b"\r\n")
+        if b"content-length" in line
+    )
+    await reader.readexactly(length)
+    events = [
+        {"choices": [{"index": 0, "text": "hi"}]},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
+    ]
+    body = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
+    writer.write(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: keep-alive\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+        + f"{len(body):x}\r\n".encode()
+        + body
+        + b"\r\n0\r\n\r\n"
+    )
+    await writer.drain()
+    await asyncio.sleep(0.02)  # the client has sent its next request on this connection by now
+    writer.close()
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_servers_that_hang_up_after_each_response(concurrency):
+    async def go():
+        server = await asyncio.start_server(_serve_then_hang_up, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        req = RequestInput("x", 3, 1, "m", f"http://127.0.0.1:{port}/v1/completions")
+        connector = aiohttp.TCPConnector(limit=concurrency, keepalive_timeout=60)
+        async with server, aiohttp.ClientSession(connector=connector) as session:
+            limit = asyncio.Semaphore(concurrency)
+
+            async def one():
+                async with limit:
+                    return await send_request(session, req, 10)
+
+            return await asyncio.gather(*(one() for _ in range(16)))
+
+    outs = asyncio.run(go())
+    assert [o.error for o in outs if not o.success] == []
+    assert all(o.output_tokens == 1 for o in outs)

@@ -4,6 +4,7 @@ An OpenAI Batch row's `body` is validated as the server's `CompletionRequest` or
 `ChatCompletionRequest` and turned into prompts and `SamplingParams` by the server's `prepare`; the
 reply body is the server's `response`. A plain row (JSONL object, CSV row, Parquet row) becomes a
 body of its known columns (`prompt` or `messages`, plus sampling fields); other columns pass through.
+Unknown fields follow the server's policy: ignored with a warning that names each once.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from inferengine.entrypoints.openai.protocol import (
 )
 from inferengine.entrypoints.openai.serving_chat import ServingChat
 from inferengine.entrypoints.openai.serving_completions import Prompt, ServingCompletion
-from inferengine.entrypoints.openai.serving_engine import random_id
+from inferengine.entrypoints.openai.serving_engine import random_id, warn_unknown_fields
 from inferengine.errors import ConfigError, InferEngineError, InvalidRequestError
 from inferengine.retention import Retention
 from inferengine.sampling_params import SamplingParams
@@ -148,6 +149,10 @@ class RowMapper:
             raise RowError("a row needs exactly one of a `prompt` or a `messages` column.")
         url = CHAT_URL if "messages" in values else COMPLETIONS_URL
         known = _FIELDS[url]
+        warn_unknown_fields(
+            (k for k in values if k not in known and k != "custom_id"),
+            "column(s) passed through, not sent to the model",
+        )
         body = {k: v for k, v in self.defaults.items() if k in known}
         body.update({k: v for k, v in values.items() if k in known})
         return url, body
@@ -215,9 +220,7 @@ class RowMapper:
 
 
 def _openai_body(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    unknown = [k for k in data if k not in _LINE_FIELDS]
-    if unknown:
-        raise RowError(f"unknown field(s) {unknown} in the request line; it takes {_LINE_FIELDS}.")
+    warn_unknown_fields((k for k in data if k not in _LINE_FIELDS), "request line field(s) ignored")
     if not isinstance(data.get("custom_id"), str):
         raise RowError("each request line needs a string `custom_id`.")
     if data.get("method", "POST") != "POST":
@@ -228,9 +231,6 @@ def _openai_body(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     body = data.get("body")
     if not isinstance(body, dict):
         raise RowError("`body` must be a JSON object: the request the url would receive.")
-    unknown = sorted(set(body) - _FIELDS[url] - set(_NOT_IN_BATCH))
-    if unknown:
-        raise RowError(f"unknown field(s) {unknown} in the body of a {url} request.")
     if body.get("stream"):
         raise RowError("stream is not supported in a batch file; remove it.")
     return url, {k: v for k, v in body.items() if k not in _NOT_IN_BATCH}

@@ -20,7 +20,12 @@ _SERVER_HELP = {
     "api_key": "require `Authorization: Bearer <key>` on the API routes (not /health, /metrics)",
     "max_request_body_bytes": "larger request bodies get 413",
     "uvicorn_log_level": "uvicorn's log level (info prints one access line per request)",
-    "disable_log_requests": "do not log each request's parameters",
+    "enable_log_requests": "log one line per request: its id, prompt tokens and parameters",
+    "disable_log_requests": "deprecated, does nothing: request logging is off by default",
+    "max_log_len": "cut each logged request's parameters to this many characters",
+    "max_n": "the largest n a request may ask for (OpenAI's limit is 128)",
+    "max_request_seqs": "the most sequences (prompts x n) one request may ask for; "
+    "0: 64 x --max-num-seqs",
     "drain_timeout": "on SIGTERM, seconds to wait for in-flight requests before exiting",
     "enable_auto_tool_choice": 'serve tool_choice "auto" on chat (needs --tool-call-parser)',
     "tool_call_parser": "how to find tool calls in the model's text for tool_choice auto",

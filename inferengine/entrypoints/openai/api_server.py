@@ -33,16 +33,24 @@ from inferengine.entrypoints.openai.protocol import (
     GenerateRequest,
     ModelCard,
     ModelList,
+    SamplingFields,
     TokenizeRequest,
 )
 from inferengine.entrypoints.openai.serving_chat import ServingChat
 from inferengine.entrypoints.openai.serving_completions import ServingCompletion
+from inferengine.entrypoints.openai.serving_engine import (
+    RequestLimits,
+    ascii_name,
+    unknown_fields,
+)
 from inferengine.entrypoints.openai.serving_tokens import ServingTokens
 from inferengine.errors import EngineDeadError
 from inferengine.logger import init_logger
 from inferengine.metrics.prometheus import PrometheusStatLogger
 
 logger = init_logger(__name__)
+
+UNKNOWN_FIELDS_HEADER = "X-Unknown-Fields"
 
 
 @dataclass(frozen=True)
@@ -94,17 +102,26 @@ class ServerState:
                 self.on_fatal(self.error)
             return
         config = self.config
-        log_requests = not config.disable_log_requests
+        log_requests = config.enable_log_requests
+        max_num_seqs = self.engine_config.scheduler_config.max_num_seqs
+        limits = RequestLimits(
+            max_n=config.max_n,
+            max_request_seqs=config.max_request_seqs or 64 * max_num_seqs,
+            max_log_len=config.max_log_len,
+        )
         chat = ServingChat(
             engine,
             log_requests,
+            limits,
             enable_auto_tools=config.enable_auto_tool_choice,
             tool_parser=config.tool_call_parser,
             reasoning_parser=config.reasoning_parser,
             exclude_tools_when_tool_choice_none=config.exclude_tools_when_tool_choice_none,
         )
         self.handlers = Handlers(
-            ServingCompletion(engine, log_requests), chat, ServingTokens(engine, log_requests)
+            ServingCompletion(engine, log_requests, limits),
+            chat,
+            ServingTokens(engine, log_requests, limits),
         )
         self.status = "ready"
         if self.on_ready is not None:
@@ -163,8 +180,13 @@ def _json(model: BaseModel) -> Response:
     return Response(model.model_dump_json(), media_type="application/json")
 
 
-def _reply(result: Any) -> Response:
-    return result if isinstance(result, Response) else _json(result)
+def _reply(result: Any, body: SamplingFields) -> Response:
+    """The handler's result as a response; ignored request fields named in `X-Unknown-Fields`."""
+    response = result if isinstance(result, Response) else _json(result)
+    unknown = unknown_fields(body)
+    if unknown:
+        response.headers[UNKNOWN_FIELDS_HEADER] = ", ".join(ascii_name(n) for n in unknown)[:2048]
+    return response
 
 
 router = APIRouter()
@@ -231,17 +253,17 @@ async def models(request: Request) -> Response:
 
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    return _reply(await _state(request).serving().completions.create(body, request))
+    return _reply(await _state(request).serving().completions.create(body, request), body)
 
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    return _reply(await _state(request).serving().chat.create(body, request))
+    return _reply(await _state(request).serving().chat.create(body, request), body)
 
 
 @router.post("/v1/generate", response_model=None)
 async def generate(body: GenerateRequest, request: Request) -> Response:
-    return _reply(await _state(request).serving().tokens.generate(body, request))
+    return _reply(await _state(request).serving().tokens.generate(body, request), body)
 
 
 @router.post("/tokenize", response_model=None)

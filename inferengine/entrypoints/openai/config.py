@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferengine.errors import ConfigError
+from inferengine.logger import init_logger
+
+logger = init_logger(__name__)
 
 
 @dataclass
@@ -14,7 +17,15 @@ class ServerConfig:
     api_key: str | None = None
     max_request_body_bytes: int = 8 << 20
     uvicorn_log_level: str = "info"
-    disable_log_requests: bool = False
+    # Request logging is off by default, as in vLLM: one line per request when on, its
+    # parameters cut to max_log_len characters. Errors and start-up phases are always logged.
+    enable_log_requests: bool = False
+    disable_log_requests: bool = False  # deprecated no-op (vLLM's old flag; the default now)
+    max_log_len: int = 2048
+    # Fan-out bounds: n per prompt (OpenAI's 128), and sequences per request (prompts x n;
+    # 0: 64 x --max-num-seqs).
+    max_n: int = 128
+    max_request_seqs: int = 0
     drain_timeout: float = 30.0  # seconds a SIGTERM waits for in-flight requests
     # Tool calling and reasoning on chat (vLLM's flags; parsers by name, see `tool_parsers/`
     # and `reasoning_parsers.py`).
@@ -24,6 +35,14 @@ class ServerConfig:
     reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
+        if self.disable_log_requests:
+            logger.warning(
+                "--disable-log-requests is deprecated and does nothing: request logging is off "
+                "by default; --enable-log-requests turns it on."
+            )
+        for name, least in (("max_log_len", 1), ("max_n", 1), ("max_request_seqs", 0)):
+            if getattr(self, name) < least:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least {least}.")
         if self.enable_auto_tool_choice and not self.tool_call_parser:
             raise ConfigError(
                 "--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json or "

@@ -190,7 +190,7 @@ class GenerateRequest(SamplingFields):
     model: str | None = None
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
-    max_tokens: int | None = 16
+    max_tokens: int | None = None  # None: generation_config.json's max_new_tokens, else 16
     logprobs: int | None = None
     add_special_tokens: bool = True
 

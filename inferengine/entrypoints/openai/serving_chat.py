@@ -36,6 +36,7 @@ from inferengine.entrypoints.openai.reasoning_parsers import (
 )
 from inferengine.entrypoints.openai.serving_engine import (
     OpenAIServing,
+    RequestLimits,
     make_usage,
     random_id,
     sse,
@@ -102,14 +103,15 @@ class ServingChat(OpenAIServing):
     def __init__(
         self,
         engine: Any,
-        log_requests: bool = True,
+        log_requests: bool = False,
+        limits: RequestLimits | None = None,
         *,
         enable_auto_tools: bool = False,
         tool_parser: str | None = None,
         reasoning_parser: str | None = None,
         exclude_tools_when_tool_choice_none: bool = False,
     ):
-        super().__init__(engine, log_requests)
+        super().__init__(engine, log_requests, limits)
         for kind, name, table in (
             ("tool call", tool_parser, TOOL_PARSERS),
             ("reasoning", reasoning_parser, REASONING_PARSERS),
@@ -173,7 +175,9 @@ class ServingChat(OpenAIServing):
             retention = dataclasses.replace(retention, breakpoints=tuple(breakpoints))
         num_prompt = len(prompt["prompt_token_ids"])
         requested = req.max_completion_tokens or req.max_tokens
-        max_tokens = self.resolve_max_tokens(requested, num_prompt, None, "messages")
+        max_tokens = self.resolve_max_tokens(
+            requested, num_prompt, self.default_max_tokens, "messages"
+        )
         num_top = None
         if req.logprobs:
             num_top = req.top_logprobs or 0

@@ -78,7 +78,10 @@ class ServingCompletion(OpenAIServing):
             self.sampling_params(
                 req,
                 self.resolve_max_tokens(
-                    req.max_tokens, len(p.token_ids), DEFAULT_MAX_TOKENS, "prompt"
+                    req.max_tokens,
+                    len(p.token_ids),
+                    self.default_max_tokens or DEFAULT_MAX_TOKENS,
+                    "prompt",
                 ),
                 kind,
                 logprobs=req.logprobs,
@@ -98,6 +101,14 @@ class ServingCompletion(OpenAIServing):
             items = list(raw)
         if not items:
             raise InvalidRequestError("prompt must not be empty.", param="prompt")
+        limit = self.limits.max_request_seqs
+        if len(items) * req.n > limit:
+            raise InvalidRequestError(
+                f"This request asks for {len(items) * req.n} sequences ({len(items)} prompt(s) x "
+                f"n={req.n}); the server takes at most {limit} per request (--max-request-seqs). "
+                "Split it into several requests.",
+                param="prompt",
+            )
         prompts = []
         for item in items:
             if isinstance(item, str):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from inferengine.engine.async_llm import AsyncLLM
@@ -24,14 +25,14 @@ from inferengine.errors import InvalidRequestError, ModelNotFoundError
 from inferengine.logger import init_logger
 from inferengine.outputs import PositionLogprobs, RequestOutput
 from inferengine.retention import Retention
-from inferengine.sampling_params import RequestOutputKind, SamplingParams
+from inferengine.sampling_params import RequestOutputKind, SamplingParams, sampling_defaults
 
 logger = init_logger(__name__)
 
 MAX_LOGPROBS = 20
 _LOGPROB_FLOOR = -9999.0  # JSON has no -inf
-# Request fields that fall back to the model's generation_config.json, as vLLM does.
-_MODEL_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# What a request that leaves these unset gets, under the model's generation_config.json values
+# (`sampling_defaults`, the same defaults `LLM` and `inferengine generate` use).
 _BUILTIN_DEFAULTS = {
     "temperature": 1.0,
     "top_p": 1.0,
@@ -39,6 +40,15 @@ _BUILTIN_DEFAULTS = {
     "min_p": 0.0,
     "repetition_penalty": 1.0,
 }
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Bounds on what one request may ask for, and on its log line (`ServerConfig`'s flags)."""
+
+    max_n: int = 128  # OpenAI's limit
+    max_request_seqs: int = 16384  # prompts x n
+    max_log_len: int = 2048  # characters of parameters in a request's log line
 
 
 def random_id(prefix: str) -> str:
@@ -64,15 +74,19 @@ def _floor(value: float) -> float:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLM, log_requests: bool = True):
+    def __init__(
+        self, engine: AsyncLLM, log_requests: bool = False, limits: RequestLimits | None = None
+    ):
         self.engine = engine
         self.model_config = engine.model_config
         self.model_name = engine.model_config.name
         self.max_model_len = engine.model_config.max_model_len
         self.tokenizer = engine.tokenizer
         self.log_requests = log_requests
-        gen = engine.model_config.generation_config
-        self.defaults = {k: gen[k] for k in _MODEL_DEFAULTS if gen.get(k) is not None}
+        self.limits = limits or RequestLimits()
+        self.defaults = sampling_defaults(engine.model_config.generation_config)
+        # generation_config.json's max_new_tokens; None: each endpoint's own default
+        self.default_max_tokens: int | None = self.defaults.pop("max_tokens", None)
         self._token_strs: dict[int, str] = {}
 
     # ---- checks ----------------------------------------------------------------------------
@@ -114,19 +128,22 @@ class OpenAIServing:
         return requested
 
     def check_fields(self, req: SamplingFields) -> None:
-        """Refuse a field this server does not implement (400 naming it); log unknown ones."""
+        """Refuse a field this server does not implement (400 naming it) and an `n` above the
+        limit; warn of unknown ones (once per name)."""
         extra = req.model_extra or {}
         for name, value in extra.items():
             refuse_unsupported(name, value)
+        if req.n > self.limits.max_n:
+            raise InvalidRequestError(
+                f"n must be at most {self.limits.max_n}, got {req.n}.", param="n"
+            )
         if req.stream_options is not None and req.stream_options.continuous_usage_stats:
             raise InvalidRequestError(
                 "stream_options.continuous_usage_stats is not supported: usage comes in the last "
                 "chunk with include_usage.",
                 param="stream_options",
             )
-        ignored = sorted(name for name in extra if name not in UNSUPPORTED_FIELDS)
-        if ignored:
-            logger.warning("ignored unknown request field(s): %s", ", ".join(ignored))
+        warn_unknown_fields(unknown_fields(req))
 
     # ---- parameters ------------------------------------------------------------------------
 
@@ -188,17 +205,19 @@ class OpenAIServing:
         retention: Retention | None = None,
     ) -> list[EngineStream]:
         """Submit one engine request per prompt, all with `retention`; refused requests raise
-        before anything is sent."""
+        before anything is sent. Logs one line for the whole request when request logging is on."""
+        if self.log_requests:
+            num_tokens = sum(len(prompt["prompt_token_ids"]) for prompt in prompts)
+            logger.info(
+                "request %s: %d prompt(s), %d prompt tokens, %s",
+                request_id,
+                len(prompts),
+                num_tokens,
+                _cut(_describe(params[0]), self.limits.max_log_len),
+            )
         gens: list[AsyncGenerator[RequestOutput, None]] = []
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             sub_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-            if self.log_requests:
-                logger.info(
-                    "request %s: %d prompt tokens, %s",
-                    sub_id,
-                    len(prompt["prompt_token_ids"]),
-                    _describe(p),
-                )
             gens.append(
                 self.engine.generate(
                     prompt,
@@ -282,6 +301,37 @@ class OpenAIServing:
 
     def _decoded(self, token_id: int, decoded: str | None) -> str:
         return decoded if decoded is not None else self.token_str(token_id)
+
+
+def unknown_fields(req: SamplingFields) -> list[str]:
+    """The request's fields that this server neither implements nor refuses: ignored, as vLLM
+    does, with a warning and the `X-Unknown-Fields` response header."""
+    return sorted(name for name in req.model_extra or {} if name not in UNSUPPORTED_FIELDS)
+
+
+_warned_fields: set[str] = set()
+_MAX_WARNED_FIELDS = 1024  # clients choose the names: the set and the log stay bounded
+
+
+def warn_unknown_fields(names: Iterable[str], what: str = "request field(s) ignored") -> None:
+    """Log `names` not logged before in this process, in one warning."""
+    new = [n for n in names if n not in _warned_fields]
+    room = _MAX_WARNED_FIELDS - len(_warned_fields)
+    if not new or room <= 0:
+        return
+    new = new[:room]
+    _warned_fields.update(new)
+    listed = _cut(", ".join(ascii_name(n) for n in new), 1024)
+    logger.warning("unknown %s: %s (each name is logged once)", what, listed)
+
+
+def ascii_name(name: str, limit: int = 64) -> str:
+    """A client-chosen field name, safe in a log line or an HTTP header: escaped, cut."""
+    return _cut(name.encode("unicode_escape").decode("ascii"), limit)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}...[{len(text) - limit} more chars]"
 
 
 def refuse_unsupported(name: str, value: Any) -> None:

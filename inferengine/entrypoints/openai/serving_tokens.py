@@ -86,7 +86,9 @@ class ServingTokens(OpenAIServing):
         else:
             assert req.prompt is not None
             ids = self.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-        max_tokens = self.resolve_max_tokens(req.max_tokens, len(ids), None, "prompt")
+        max_tokens = self.resolve_max_tokens(
+            req.max_tokens, len(ids), self.default_max_tokens or 16, "prompt"
+        )
         kind = RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY
         params = self.sampling_params(req, max_tokens, kind, logprobs=req.logprobs)
         request_id = random_id("gen")

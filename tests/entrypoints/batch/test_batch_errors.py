@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from inferengine.entrypoints.batch.runner import check_paths
@@ -17,12 +19,28 @@ GOOD = {"prompt": "Hello world", "max_tokens": 4, "temperature": 0}
 LONG_PROMPT = "Hello world, how are you today? " * 60  # far over max_model_len=128
 
 
-def test_bad_openai_rows_give_error_records(batch_llm, tmp_path):
+@pytest.fixture
+def warnings():
+    """Warnings from the package logger (it does not propagate to caplog)."""
+
+    class Collect(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.WARNING)
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    handler = Collect()
+    logging.getLogger("inferengine").addHandler(handler)
+    yield handler.messages
+    logging.getLogger("inferengine").removeHandler(handler)
+
+
+def test_bad_openai_rows_give_error_records(batch_llm, tmp_path, warnings):
     bad = {
         "invalid-json": '{"custom_id": "x", "method": ',
         "not-an-object": "[1, 2, 3]",
-        "unknown-line-field": {**openai_line("unknown-line-field", GOOD), "extra": 1},
-        "unknown-body-field": openai_line("unknown-body-field", {**GOOD, "max_token": 4}),
         "wrong-url": {**openai_line("wrong-url", GOOD), "url": "/v1/embeddings"},
         "wrong-method": {**openai_line("wrong-method", GOOD), "method": "GET"},
         "too-long": openai_line("too-long", {**GOOD, "prompt": LONG_PROMPT}),
@@ -34,7 +52,10 @@ def test_bad_openai_rows_give_error_records(batch_llm, tmp_path):
         "other-model": openai_line("other-model", {**GOOD, "model": "gpt-4o"}),
     }
     good = [openai_line(f"good-{i}", GOOD) for i in range(4)]
-    lines = [good[0], *list(bad.values())[:7], good[1], good[2], *list(bad.values())[7:], good[3]]
+    # Unknown fields are ignored with a warning, as the server does.
+    good[1] = {**good[1], "x_batch_line_field": 1}
+    good[2] = openai_line("good-2", {**GOOD, "x_batch_body_field": 4})
+    lines = [good[0], *list(bad.values())[:5], good[1], good[2], *list(bad.values())[5:], good[3]]
     inp = write_jsonl(tmp_path / "in.jsonl", lines)
     summary = run(batch_llm, inp, tmp_path / "out.jsonl")
     assert (summary.done, summary.failed, summary.skipped) == (4, len(bad), 0)
@@ -44,11 +65,11 @@ def test_bad_openai_rows_give_error_records(batch_llm, tmp_path):
     for i in range(4):
         assert by_id[f"good-{i}"]["response"]["status_code"] == 200
         assert by_id[f"good-{i}"]["error"] is None
+    for name in ("x_batch_line_field", "x_batch_body_field"):
+        assert sum(name in w for w in warnings) == 1, warnings
     # Unreadable rows are known by their row index.
     assert {r["row_index"] for r in records if r["custom_id"] is None} == {1, 2}
     messages = {
-        "unknown-line-field": "unknown field",
-        "unknown-body-field": "max_token",
         "wrong-url": "not supported",
         "wrong-method": "method must be POST",
         "too-long": "maximum context length",
@@ -75,7 +96,7 @@ def test_bad_openai_rows_give_error_records(batch_llm, tmp_path):
     assert (tmp_path / "out.jsonl").read_bytes() == before
 
 
-def test_bad_plain_rows_give_error_records(batch_llm, tmp_path):
+def test_bad_plain_rows_give_error_records(batch_llm, tmp_path, warnings):
     rows = [
         GOOD,
         {"max_tokens": 4},  # no prompt
@@ -84,7 +105,7 @@ def test_bad_plain_rows_give_error_records(batch_llm, tmp_path):
         {"prompt": "x", "output_text": "mine"},  # a column run-batch writes
         {"prompt": "x", "n": 2},
         {"prompt": LONG_PROMPT, "max_tokens": 4},
-        {**GOOD, "custom_id": "last"},
+        {**GOOD, "custom_id": "last", "x_batch_column": "kept"},
     ]
     inp = write_jsonl(tmp_path / "in.jsonl", rows)
     summary = run(batch_llm, inp, tmp_path / "out.jsonl", input_format="jsonl")
@@ -93,6 +114,9 @@ def test_bad_plain_rows_give_error_records(batch_llm, tmp_path):
     assert sorted(records) == list(range(len(rows)))
     assert records[0]["error"] is None and records[0]["completion_tokens"] == 4
     assert records[7]["custom_id"] == "last" and records[7]["error"] is None
+    assert records[7]["x_batch_column"] == "kept"  # passed through, with one warning
+    assert [w for w in warnings if "x_batch_column" in w and "passed through" in w], warnings
+    assert not [w for w in warnings if "custom_id" in w], warnings
     for i in range(1, 7):
         assert records[i]["error"] and records[i]["output_text"] is None, records[i]
 

@@ -134,7 +134,7 @@ def spied_app(tiny_checkpoint):
         kv_cache_memory=16 << 20,
         served_model_name=SERVED_NAME,
     )
-    app = build_app(args.create_engine_config(), ServerConfig(disable_log_requests=True))
+    app = build_app(args.create_engine_config(), ServerConfig())
     sent: list[EngineCoreRequest] = []
     with TestClient(app) as http:
         deadline = time.monotonic() + 180

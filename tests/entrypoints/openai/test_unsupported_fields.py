@@ -95,3 +95,12 @@ def test_unsupported_field_is_a_400_naming_it(client, url, fields, param):
 def test_inert_and_harmless_fields_are_accepted(client, url, fields):
     response = client.post(url, json=_BODIES[url] | fields)
     assert response.status_code == 200, response.text
+
+
+def test_unknown_fields_are_named_in_a_response_header(client):
+    body = _BODIES[COMPLETIONS] | {"some_unknown_field": 1, "user": "u1", "best_of": 1}
+    response = client.post(COMPLETIONS, json=body)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-unknown-fields"] == "some_unknown_field"
+    plain = client.post(COMPLETIONS, json=_BODIES[COMPLETIONS])
+    assert "x-unknown-fields" not in plain.headers

@@ -3,6 +3,7 @@ processes ask at once; a clear error without network. The real download runs onc
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -25,6 +26,7 @@ from inferengine.model.loader.default_model import (
     READY_MARKER,
     WheelGGUF,
     resolve_alias,
+    write_sampling_defaults,
 )
 from tests.model.loader.tiny_gguf import write_llama_gguf
 
@@ -72,6 +74,34 @@ def test_alias_is_fetched_once_then_cached(fake_alias):
     assert fake_alias["calls"] == ["fake-pkg==0.1"]
     # Nothing left behind but the folder and the lock file.
     assert sorted(p.name for p in folder.parent.iterdir()) == [f".{FAKE}.lock", FAKE]
+
+
+def test_default_model_carries_its_model_card_sampling():
+    assert ALIASES[DEFAULT_MODEL].sampling == {"temperature": 0.2, "top_p": 0.9}
+
+
+def test_write_sampling_defaults_adds_missing_keys_only(tmp_path):
+    gen_file = tmp_path / "generation_config.json"
+    gen_file.write_text(json.dumps({"eos_token_id": 2, "top_p": 0.5}))
+    write_sampling_defaults(tmp_path, {"temperature": 0.2, "top_p": 0.9})
+    # the user's top_p stays; nothing left behind
+    assert json.loads(gen_file.read_text()) == {"eos_token_id": 2, "top_p": 0.5, "temperature": 0.2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["generation_config.json"]
+
+
+def test_alias_folder_gets_the_sampling_defaults_even_when_cached_before(fake_alias, monkeypatch):
+    source = ALIASES[FAKE]
+    sampling = {"temperature": 0.2, "top_p": 0.9}
+    monkeypatch.setitem(ALIASES, FAKE, dataclasses.replace(source, sampling=sampling))
+    folder = resolve_alias(FAKE)
+    gen_file = folder / "generation_config.json"
+    assert json.loads(gen_file.read_text()).items() >= sampling.items()
+    # A folder converted before the defaults existed: filled in, not fetched again.
+    old = {k: v for k, v in json.loads(gen_file.read_text()).items() if k not in sampling}
+    gen_file.write_text(json.dumps(old))
+    assert resolve_alias(FAKE) == folder
+    assert json.loads(gen_file.read_text()) == old | sampling
+    assert fake_alias["calls"] == ["fake-pkg==0.1"]
 
 
 def test_folder_without_ready_marker_is_rebuilt(fake_alias):
