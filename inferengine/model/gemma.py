@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferengine.attention.backends.base import AttentionBackend
-from inferengine.attention.layer import Attention
 from inferengine.attention.metadata import AttentionMetadata
 from inferengine.distributed.parallel_state import (
     is_first_stage,
@@ -34,11 +33,11 @@ from inferengine.model.layers.linear import (
 from inferengine.model.layers.rotary import RotaryEmbedding
 from inferengine.model.layers.vocab import ParallelLMHead, VocabParallelEmbedding
 from inferengine.model.llama import (
+    DecoderAttention,
     DecoderSpec,
     LlamaForCausalLM,
     MissingLayer,
     ModelInit,
-    add_projections,
     attend,
 )
 
@@ -133,46 +132,6 @@ class GemmaRMSNorm(nn.Module):
         return self._norm(residual), residual
 
 
-class GemmaAttention(nn.Module):
-    def __init__(
-        self,
-        spec: DecoderSpec,
-        gemma: GemmaSpec,
-        window: int | None,
-        rotary_emb: RotaryEmbedding,
-        backend: AttentionBackend,
-    ):
-        super().__init__()
-        add_projections(self, spec)
-        self.rotary_emb = rotary_emb  # shared by every layer of its type
-        self.q_norm = GemmaRMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
-        self.k_norm = GemmaRMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
-        self.attn = Attention(
-            backend,
-            self.num_heads,
-            self.num_kv_heads,
-            spec.head_dim,
-            gemma.query_pre_attn_scalar**-0.5,
-            window,
-            gemma.attn_soft_cap,
-        )
-
-    def forward(
-        self,
-        positions: torch.Tensor,
-        hidden: torch.Tensor,
-        kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.q_norm is not None and self.k_norm is not None:
-            n = q.shape[0]
-            q = self.q_norm(q.reshape(n, -1, self.head_dim)).view(n, self.q_size)
-            k = self.k_norm(k.reshape(n, -1, self.head_dim)).view(n, self.kv_size)
-        out = self.attn(q, k, v, kv_cache, metadata, positions, self.rotary_emb)
-        return self.o_proj(out)
-
-
 class GemmaMLP(nn.Module):
     def __init__(self, spec: DecoderSpec):
         super().__init__()
@@ -200,7 +159,11 @@ class GemmaDecoderLayer(nn.Module):
     ):
         super().__init__()
         window = spec.sliding_window if layer_type == SLIDING else None
-        self.self_attn = GemmaAttention(spec, gemma, window, rotary_emb, backend)
+        self.self_attn = DecoderAttention(
+            dataclasses.replace(spec, sliding_window=window), {}, backend,
+            rotary_emb=rotary_emb, norm=GemmaRMSNorm, scale=gemma.query_pre_attn_scalar**-0.5,
+            logits_soft_cap=gemma.attn_soft_cap,
+        )  # fmt: skip
         self.mlp = GemmaMLP(spec)
         eps = spec.rms_norm_eps
         self.input_layernorm = GemmaRMSNorm(spec.hidden_size, eps)

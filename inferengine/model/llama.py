@@ -110,21 +110,37 @@ def add_projections(attn: nn.Module, spec: DecoderSpec) -> None:
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, spec: DecoderSpec, hf_config: dict[str, Any], backend: AttentionBackend):
+    """Self-attention of a decoder layer. A family that differs (Gemma) passes its rotary table
+    (shared between layers), q/k norm class, scale and logit soft-cap."""
+
+    def __init__(
+        self,
+        spec: DecoderSpec,
+        hf_config: dict[str, Any],
+        backend: AttentionBackend,
+        *,
+        rotary_emb: RotaryEmbedding | None = None,
+        norm: type[nn.Module] = RMSNorm,
+        scale: float | None = None,
+        logits_soft_cap: float | None = None,
+    ):
         super().__init__()
         add_projections(self, spec)
-        self.rotary_emb = RotaryEmbedding(
-            spec.head_dim, spec.max_position, hf_config, spec.rotary_dim
-        )
-        self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
-        self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        if rotary_emb is None:
+            rotary_emb = RotaryEmbedding(
+                spec.head_dim, spec.max_position, hf_config, spec.rotary_dim
+            )
+        self.rotary_emb = rotary_emb
+        self.q_norm = norm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.k_norm = norm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.attn = Attention(
             backend,
             self.num_heads,
             self.num_kv_heads,
             spec.head_dim,
-            spec.head_dim**-0.5,
+            spec.head_dim**-0.5 if scale is None else scale,
             spec.sliding_window,
+            logits_soft_cap,
         )
 
     def forward(
