@@ -63,6 +63,9 @@ class EngineCore:
         # Async scheduling keeps one step running while the next is prepared; pipeline
         # parallelism keeps one per stage, over disjoint requests, so the stages overlap.
         self._inflight: deque[tuple[SchedulerOutput, StepHandle, bool]] = deque()
+        # The newest step launched before its grammar masks could be made (they need the
+        # tokens of the steps before it), until they are given.
+        self._masks_owed: tuple[SchedulerOutput, StepHandle] | None = None
         pp = config.parallel_config.pipeline_parallel_size
         self.scheduler.pipelined = pp > 1
         self.depth = pp if pp > 1 else (2 if config.scheduler_config.async_scheduling else 1)
@@ -206,44 +209,63 @@ class EngineCore:
         them), so steps that speculate run one at a time; the first such step after others
         only collects the oldest step in flight and drafts. A grammar's mask for a token needs
         the token before it: with a step in flight, the new step's sampling waits for masks
-        made after that step is collected, while the new step's forward runs."""
+        made after that step is collected, while the new step's forward runs; the step after
+        it is launched as soon as they are given, so that its forward queues behind them."""
         self._admit_grammars()
         speculate = self._speculate_now()
         if speculate and self._inflight:
-            return self._finish_step(self._collect(speculate))
+            outputs = self._collect(speculate)
+            self._provide_owed_masks()
+            return self._finish_step(outputs)
         depth = 1 if speculate else self.depth
-        launched_work = False
-        deferred = None
-        timer = self.step_timer
-        if len(self._inflight) < depth and self.scheduler.has_unfinished_requests():
-            self.scheduler.pipeline_depth = depth if self.scheduler.pipelined else 1
-            t0 = time.perf_counter()
-            scheduler_output = self.scheduler.schedule()
-            if self.structured.matchers:
-                # Pipelined steps never hold a request whose token is on its way.
-                if depth > 1 and not self.scheduler.pipelined:
-                    scheduler_output.grammar_deferred = True
-                else:
-                    self._attach_grammar(scheduler_output)
-            t1 = time.perf_counter()
-            pending = self.executor.execute_model_async(scheduler_output)
-            if scheduler_output.grammar_deferred:
-                deferred = (scheduler_output, pending)
-            self._inflight.append((scheduler_output, pending, speculate))
-            launched_work = scheduler_output.total_num_scheduled_tokens > 0
-            if timer is not None:
-                timer.launched(scheduler_output, pending, t1 - t0, time.perf_counter() - t1)
+        launched_work = self._launch(depth, speculate)
         if self._inflight and (len(self._inflight) >= depth or not launched_work):
             outputs = self._collect(speculate)
         else:
             outputs = EngineCoreOutputs(
                 scheduler_stats=self.scheduler.make_stats(), timestamp=time.time()
             )
-        if deferred is not None:  # every earlier token is folded in now
-            so, handle = deferred
-            self._attach_grammar(so)
-            handle.provide_grammar(so.grammar_req_ids, so.grammar_bitmask)
+        if self._provide_owed_masks() and not self._speculate_now():
+            # The masked sampling is queued: queue the next forward behind it now, not after
+            # this step's outputs are sent, or the GPU waits for the host every step. (Drafts
+            # need every step collected, so not when speculation starts next.)
+            self._launch(depth, speculate)
         return self._finish_step(outputs)
+
+    def _launch(self, depth: int, speculate: bool) -> bool:
+        """Schedule and launch a step if fewer than `depth` are in flight; whether it has work."""
+        if len(self._inflight) >= depth or not self.scheduler.has_unfinished_requests():
+            return False
+        timer = self.step_timer
+        self.scheduler.pipeline_depth = depth if self.scheduler.pipelined else 1
+        t0 = time.perf_counter()
+        scheduler_output = self.scheduler.schedule()
+        if self.structured.matchers:
+            # Pipelined steps never hold a request whose token is on its way.
+            if depth > 1 and not self.scheduler.pipelined:
+                scheduler_output.grammar_deferred = True
+            else:
+                self._attach_grammar(scheduler_output)
+        t1 = time.perf_counter()
+        pending = self.executor.execute_model_async(scheduler_output)
+        if scheduler_output.grammar_deferred:
+            self._masks_owed = (scheduler_output, pending)
+        self._inflight.append((scheduler_output, pending, speculate))
+        if timer is not None:
+            timer.launched(scheduler_output, pending, t1 - t0, time.perf_counter() - t1)
+        return scheduler_output.total_num_scheduled_tokens > 0
+
+    def _provide_owed_masks(self) -> bool:
+        """Give the step launched without its grammar masks those masks, once every step
+        before it is collected (its masks need their tokens); whether it did."""
+        owed = self._masks_owed
+        if owed is None or not self._inflight or self._inflight[0][1] is not owed[1]:
+            return False
+        self._masks_owed = None
+        so, handle = owed
+        self._attach_grammar(so)
+        handle.provide_grammar(so.grammar_req_ids, so.grammar_bitmask)
+        return True
 
     def _attach_grammar(self, so: SchedulerOutput) -> None:
         rows, mask = self.structured.bitmask(

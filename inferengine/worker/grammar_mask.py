@@ -26,9 +26,17 @@ def apply_grammar_bitmask(
     first_row = np.cumsum([0, *(1 + d for d in num_drafts)])[:-1]
     block = {s.req_id: (int(first_row[i]), 1 + num_drafts[i]) for i, s in enumerate(states)}
     rows = [row for r in req_ids for row in range(block[r][0], sum(block[r]))]
-    words = np.frombuffer(bitmask, dtype=np.int32).reshape(len(rows), -1)
-    packed = torch.from_numpy(words.copy()).to(logits.device, non_blocking=True)
+    num_words = len(bitmask) // 4
+    # The words and then the row numbers, in one page-locked buffer: one copy that does not
+    # wait for the host (the caching host allocator keeps the buffer until it is done).
+    host = torch.empty(num_words + len(rows), dtype=torch.int32, pin_memory=logits.is_cuda)
+    staged = host.numpy()
+    staged[:num_words] = np.frombuffer(bitmask, dtype=np.int32)
+    staged[num_words:] = rows
+    device = host.to(logits.device, non_blocking=True)
+    packed = device[:num_words].view(len(rows), -1)
+    index = device[num_words:].long()
     bits = torch.arange(32, dtype=torch.int32, device=logits.device)
     allowed = ((packed.unsqueeze(-1) >> bits) & 1).bool().flatten(1)[:, : logits.shape[-1]]
-    index = torch.tensor(rows, device=logits.device)
-    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+    masked = logits.index_select(0, index).masked_fill_(~allowed, float("-inf"))
+    logits.index_copy_(0, index, masked)

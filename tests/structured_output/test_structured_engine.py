@@ -134,15 +134,24 @@ def test_speculation_masks_every_draft_position(tiny_checkpoint):
 
 def test_masks_made_while_the_next_forward_runs_give_the_same_text(tiny_checkpoint):
     """With async scheduling, a step's masks are made after the step before is collected
-    (its forward already launched); the text equals one-step-at-a-time decoding's."""
+    (its forward already launched), and the step after it is launched before the outputs go
+    back; the text equals one-step-at-a-time decoding's."""
     path = str(tiny_checkpoint("qwen3"))
     structured = StructuredOutputsParams(json=SCHEMA)
     params = SamplingParams(temperature=1.0, seed=3, max_tokens=120, structured_outputs=structured)
     prompts = [{"prompt_token_ids": [5 + i, 6, 7]} for i in range(2)]
-    texts, deferred = {}, []
+    texts, deferred, in_flight = {}, [], {False: [], True: []}
     for mode in (False, True):
         llm = LLM(path, max_model_len=256, async_scheduling=mode)
-        launch = llm.llm_engine.core.executor.execute_model_async
+        core = llm.llm_engine.core
+        launch, step = core.executor.execute_model_async, core.step
+
+        def stepping(step=step, core=core, seen=in_flight[mode]):
+            outputs = step()
+            seen.append(len(core._inflight))
+            return outputs
+
+        core.step = stepping
 
         def recording(so, launch=launch):
             deferred.append(so.grammar_deferred)
@@ -152,6 +161,7 @@ def test_masks_made_while_the_next_forward_runs_give_the_same_text(tiny_checkpoi
         texts[mode] = [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]
     assert texts[True] == texts[False]
     assert any(deferred) and not all(deferred)
+    assert max(in_flight[False]) == 0 and max(in_flight[True]) == 2
     for text in texts[True]:
         jsonschema.validate(json.loads(text), SCHEMA)
 
