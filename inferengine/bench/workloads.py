@@ -143,7 +143,7 @@ _DEFINITIONS: dict[str, tuple[str, WorkloadConfig]] = {
         ),
     ),
 }  # fmt: skip
-_DEFINITIONS |= _json_pair(16, 300) | _json_pair(64, 960)
+_DEFINITIONS |= _json_pair(16, 200) | _json_pair(64, 640)
 
 WORKLOADS: dict[str, NamedWorkload] = {
     name: NamedWorkload(name, description, workload)
