@@ -13,6 +13,7 @@ from inferengine.engine.input_processor import PromptType
 from inferengine.engine.kv_transfer import KVBundle, export_prefix, import_prefix
 from inferengine.engine.llm_engine import LLMEngine
 from inferengine.entrypoints.cache_breakpoints import cache_breakpoints, take_cache_control
+from inferengine.entrypoints.openai.tools import template_tool_calls
 from inferengine.errors import InvalidRequestError
 from inferengine.outputs import RequestOutput
 from inferengine.retention import Retention
@@ -116,7 +117,9 @@ class LLM:
 
         The session arguments are `generate`'s. A message (or one of its content parts) with
         Anthropic's `"cache_control": {"type": "ephemeral", "ttl": "5m" | "1h"}` leases the
-        prompt prefix that ends with it.
+        prompt prefix that ends with it. `tools=[...]` (and other keyword arguments) go to the
+        template; an assistant message's `tool_calls` may carry their arguments as JSON text,
+        as OpenAI's API does: the template gets them as dicts, as in the server and vLLM.
         """
         retention = Retention.parse(prompt_cache_key, prompt_cache_retention)
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
@@ -129,7 +132,9 @@ class LLM:
         prompts: list[PromptType] = []
         retentions = []
         for conv in conversations:
-            conv, leases = take_cache_control(conv)
+            conv, leases = take_cache_control(conv)  # copies: the caller's stay as given
+            for i, message in enumerate(conv):
+                template_tool_calls(message, i)
             prompt = processor.chat_prompt(conv, **kwargs)
             prompts.append(prompt)
             breakpoints = cache_breakpoints(

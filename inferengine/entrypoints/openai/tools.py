@@ -5,6 +5,14 @@ assistant turns prepared for the chat template.
 As in OpenAI's API and vLLM's: `tool_choice` defaults to "auto" when tools are given; "auto" asks
 the server's tool-call parser to find calls in free text; "required" and a named function are
 enforced by structured output, so the reply is always a call (unless it runs out of tokens).
+
+`"strict": true` on a function: with "required" or a named function its parameters are enforced
+anyway. With "auto", as in vLLM, a strict tool puts the reply under a grammar that leaves the
+text free but, from the parser's call tag on (`<tool_call>`, `[TOOL_CALLS]`, `{"name": "`),
+holds the call to the format the parser reads, to one of the tools' names, and to that tool's
+parameters when it is strict (any object when not; vLLM also holds tools that leave `strict`
+out to their parameters, OpenAI's API only strict ones). A strict tool with other structured
+output (`response_format`, ...) is a 400: both would constrain the reply.
 """
 
 from __future__ import annotations
@@ -36,6 +44,43 @@ class ToolRequest:
     @property
     def forced(self) -> bool:
         return self.choice in ("required", "named")
+
+    @property
+    def strict_indexes(self) -> list[int]:
+        """The indexes of the tools sent with `"strict": true`."""
+        return [i for i, t in enumerate(self.tools) if t["function"].get("strict") is True]
+
+    def strict_outputs(self, parser: Any, tokenizer: Any) -> StructuredOutputsParams | None:
+        """tool_choice "auto" with strict tools: a grammar that leaves the reply free until the
+        tool parser's call tag, then holds the call to a tool's name and, for a strict tool, to
+        its parameters (any object for the others); None when no tool is strict (vLLM's rule).
+        A 400 when `parser` (ToolParser) has no such grammar, or a strict tool's parameters are
+        a schema llguidance cannot read."""
+        if self.choice != "auto" or not self.strict_indexes:
+            return None
+        tools = []
+        for i, tool in enumerate(self.tools):
+            fn = tool["function"]
+            schema: dict[str, Any] = {"type": "object"}
+            if fn.get("strict") is True and fn.get("parameters") is not None:
+                schema = fn["parameters"]
+                _checked(schema, f"tools[{i}].function.parameters")
+            tools.append((fn["name"], schema))
+        grammar = parser.strict_grammar(tools, tokenizer)
+        if grammar is None:
+            field = f"tools[{self.strict_indexes[0]}].function.strict"
+            raise InvalidRequestError(
+                f"{field} is true, but the {parser.name} tool call parser cannot hold "
+                'tool_choice "auto" calls to their parameters; set strict false, or send '
+                'tool_choice "required" or a named function.',
+                param=field,
+            )
+        try:
+            params = StructuredOutputsParams(grammar=grammar)
+            check_grammar(params, None)
+        except InvalidRequestError as e:
+            raise InvalidRequestError(e.message, param="tools") from None
+        return params
 
     def parameters(self, name: str) -> tuple[int, dict[str, Any] | None]:
         for i, tool in enumerate(self.tools):

@@ -543,12 +543,16 @@ def reassemble(chunks: list[dict], index: int = 0) -> dict:
             message["content"] += delta.get("content") or ""
             message["reasoning_content"] += delta.get("reasoning_content") or ""
             for call in delta.get("tool_calls") or []:
-                slot = message["tool_calls"].setdefault(
-                    call["index"], {"name": "", "arguments": ""}
-                )
-                slot["name"] += call["function"].get("name") or ""
-                slot["arguments"] += call["function"].get("arguments") or ""
-                assert call.get("id") and call.get("type") == "function"
+                slots = message["tool_calls"]
+                if call["index"] not in slots:  # a call's first delta: id, type, name
+                    assert call["index"] == len(slots), call
+                    assert call.get("id") and call.get("type") == "function", call
+                    assert "arguments" in call["function"], call
+                    slots[call["index"]] = {"name": call["function"]["name"], "arguments": ""}
+                else:  # then only the index and more arguments
+                    assert set(call) == {"index", "function"}, call
+                    assert set(call["function"]) == {"arguments"}, call
+                slots[call["index"]]["arguments"] += call["function"]["arguments"]
             finish = choice["finish_reason"] or finish
     calls = [message["tool_calls"][i] for i in sorted(message["tool_calls"])]
     return {
@@ -573,6 +577,7 @@ def whole(response, index: int = 0) -> dict:
     }
 
 
+NAMED_WEATHER_CHOICE = {"type": "function", "function": {"name": "get_weather"}}
 W_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>'
 W_ARGS = '{"city": "Paris", "unit": "c"}'
 REPLIES = [
@@ -672,8 +677,8 @@ REPLIES = [
         {
             "content": None,
             "reasoning_content": None,
-            "tool_calls": [
-                {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'},
+            "tool_calls": [  # the arguments as written
+                {"name": "get_weather", "arguments": '{"city":"Paris","unit":"c"}'},
                 {"name": "add", "arguments": "{}"},
             ],
             "finish_reason": "tool_calls",
@@ -684,8 +689,20 @@ REPLIES = [
         {"tools": [WEATHER], "tool_choice": "required"},
         ['[{"name":"get_weather",', '"parameters":{"ci'],
         "length",
-        {
-            "content": '[{"name":"get_weather","parameters":{"ci',
+        {  # cut short in a call: the call as written so far
+            "content": None,
+            "reasoning_content": None,
+            "tool_calls": [{"name": "get_weather", "arguments": '{"ci'}],
+            "finish_reason": "length",
+        },
+    ),
+    (
+        {},
+        {"tools": [WEATHER], "tool_choice": "required"},
+        ['[{"name":"get_wea'],
+        "length",
+        {  # cut short before any call began: the text
+            "content": '[{"name":"get_wea',
             "reasoning_content": None,
             "tool_calls": [],
             "finish_reason": "length",
@@ -720,6 +737,57 @@ def test_content_streams_before_the_call(tokenizer):
     assert len(calls) == 1 and calls[0]["tool_calls"][0]["function"]["name"] == "get_weather"
 
 
+STREAMED_CALLS = [
+    # (server options, request fields, pieces): the arguments open in the third piece
+    (
+        AUTO,
+        {"tools": [WEATHER]},
+        [
+            "<tool_call>\n",
+            '{"name": "get_weather", "arguments": ',
+            '{"city": ',
+            '"Par',
+            'is", "unit"',
+            ': "c"}}\n</tool_call>',
+        ],
+    ),
+    (
+        {},
+        {"tools": [WEATHER], "tool_choice": NAMED_WEATHER_CHOICE},
+        ["", "", '{"city": ', '"Par', 'is", "unit"', ': "c"}'],
+    ),
+    (
+        {},
+        {"tools": [WEATHER], "tool_choice": "required"},
+        [
+            "[",
+            '{"name": "get_weather", "parameters": ',
+            '{"city": ',
+            '"Par',
+            'is", "unit"',
+            ': "c"}}]',
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(("options", "fields", "pieces"), STREAMED_CALLS)
+def test_arguments_stream_piecewise(tokenizer, options, fields, pieces):
+    chat_serving = serving(tokenizer, **options)
+    chunks = run_stream(chat_serving, chat(stream=True, **fields), pieces, "stop")
+    deltas = [c["choices"][0]["delta"].get("tool_calls") for c in chunks if c["choices"]]
+    calls = [d[0] for d in deltas if d]
+    first, rest = calls[0], calls[1:]
+    assert first["index"] == 0 and first["type"] == "function" and first["id"].startswith("call_")
+    assert first["function"] == {"name": "get_weather", "arguments": '{"city": '}
+    assert [c["function"]["arguments"] for c in rest] == ['"Par', 'is", "unit"', ': "c"}']
+    assert all(set(c) == {"index", "function"} and c["index"] == 0 for c in rest)
+    # the same call, whole
+    response = run_full(chat_serving, chat(**fields), pieces, "stop")
+    assert whole(response)["tool_calls"] == [{"name": "get_weather", "arguments": W_ARGS}]
+    assert reassemble(chunks) == whole(response)
+
+
 def test_n_choices_each_get_their_calls(tokenizer):
     named = {"type": "function", "function": {"name": "get_weather"}}
     req = chat(n=3, tools=[WEATHER], tool_choice=named)
@@ -729,17 +797,21 @@ def test_n_choices_each_get_their_calls(tokenizer):
     assert len(ids) == 3
 
 
-def test_mistral_parser_decodes_special_tokens_and_drops_the_stop_token(tokenizer):
+@pytest.mark.parametrize(
+    "calls",
+    [
+        ['[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}]'],
+        ["[TOOL_CALLS]get_weather[ARGS]", '{"city": "Paris", ', '"unit": "c"}'],
+        ["[TOOL_CALLS]", "get_weather", "[CALL_ID]", "a1B2c3D4e", "[ARGS]", W_ARGS],
+    ],
+)
+def test_mistral_parser_decodes_special_tokens_and_drops_the_stop_token(tokenizer, calls):
     options = {"enable_auto_tools": True, "tool_parser": "mistral"}
     chat_serving = serving(tokenizer, **options)
     _, params, reader, _ = chat_serving.prepare(chat(tools=[WEATHER]))
     assert params.skip_special_tokens is False and reader.strip_stop_token
     eos = tokenizer.decode([EOS_ID])
-    pieces = [
-        "Sure.",
-        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}]',
-        eos,
-    ]
+    pieces = ["Sure.", *calls, eos]
     response = run_full(chat_serving, chat(tools=[WEATHER]), pieces, "stop")
     expected = {
         "content": "Sure.",

@@ -107,15 +107,32 @@ def _streamed(client, **kwargs) -> tuple[str | None, list[tuple[str, str]], str 
         {"tool_choice": "required", "seed": 1},
         {"tool_choice": "required", "seed": 2, "parallel_tool_calls": False},
         {"tool_choice": NAMED, "seed": 3},
-        {"tool_choice": "required", "seed": 4, "max_tokens": 12},  # cut short: the text
+        {"tool_choice": "required", "seed": 4, "max_tokens": 12},  # cut short
+        {"tool_choice": NAMED, "seed": 5, "max_tokens": 6},  # cut short in the arguments
     ],
 )
 def test_stream_matches_full(openai_client, kwargs):
     full = create(openai_client, **kwargs).choices[0]
     calls = [(t.function.name, t.function.arguments) for t in full.message.tool_calls or []]
     assert _streamed(openai_client, **kwargs) == (full.message.content, calls, full.finish_reason)
-    if kwargs.get("max_tokens") == 12:
-        assert full.finish_reason == "length" and full.message.content and not calls
+    if "max_tokens" in kwargs:
+        # a call that had begun is kept as written so far; before one began, the text is content
+        assert full.finish_reason == "length" and bool(full.message.content) != bool(calls)
+    if kwargs["tool_choice"] == NAMED:
+        assert calls and calls[0][0] == "get_weather"
+
+
+def test_arguments_stream_in_pieces(openai_client):
+    pieces = []
+    for chunk in create(openai_client, stream=True, tool_choice=NAMED, seed=6):
+        for c in chunk.choices:
+            pieces += [call.model_dump(exclude_none=True) for call in c.delta.tool_calls or []]
+    first, rest = pieces[0], pieces[1:]
+    assert first["id"].startswith("call_") and first["type"] == "function"
+    assert first["function"]["name"] == "get_weather"
+    assert len(rest) > 1 and all(set(p) == {"index", "function"} for p in rest)
+    arguments = first["function"]["arguments"] + "".join(p["function"]["arguments"] for p in rest)
+    jsonschema.validate(json.loads(arguments), WEATHER_PARAMS)
 
 
 # ---- refusals and tool turns on the shared server (no tool flags) --------------------------
@@ -207,6 +224,22 @@ def test_flagged_server_serves_auto(flagged):
         [],
         full.finish_reason,
     )
+
+
+STRICT_TOOLS = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}]
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+def test_flagged_server_serves_auto_with_strict_tools(flagged):
+    # The grammar leaves the reply free until a <tool_call> (which a random model never writes).
+    kwargs = {"tools": STRICT_TOOLS, "max_tokens": 16, "seed": 5, "extra_body": NO_THINKING}
+    full = create(flagged, **kwargs).choices[0]
+    assert full.finish_reason in ("stop", "length") and not full.message.tool_calls
+    assert _streamed(flagged, **kwargs) == (full.message.content, [], full.finish_reason)
+    # thinking on: the grammar would have to start after a </think> this tokenizer cannot mark
+    with pytest.raises(openai.BadRequestError) as info:
+        create(flagged, tools=STRICT_TOOLS)
+    assert info.value.body["param"] == "tools[0].function.strict"
 
 
 def test_flagged_server_refuses_structured_output_without_a_think_token(flagged):

@@ -4,6 +4,7 @@ NAME`), one module per model family, found by vLLM's names. `base.py` says what 
 from __future__ import annotations
 
 from inferengine.entrypoints.openai.tool_parsers.base import (
+    CallDelta,
     ParsedCall,
     ToolCallStream,
     ToolParser,
@@ -17,4 +18,11 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     cls.name: cls for cls in (HermesToolParser, Llama3JsonToolParser, MistralToolParser)
 }
 
-__all__ = ["TOOL_PARSERS", "ParsedCall", "ToolCallStream", "ToolParser", "make_call_id"]
+__all__ = [
+    "TOOL_PARSERS",
+    "CallDelta",
+    "ParsedCall",
+    "ToolCallStream",
+    "ToolParser",
+    "make_call_id",
+]

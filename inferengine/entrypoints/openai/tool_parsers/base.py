@@ -1,33 +1,58 @@
-"""What every tool-call parser shares: the `scan` contract, the content rule, and streaming.
+"""What every tool-call parser shares: the stream that reads a reply as it grows, the content rule,
+and the strict-tools grammar's common parts.
 
-A parser reads a model's text as text outside tool calls plus the calls, in order. `scan(text,
-final)` returns both; while the text may still grow (`final` false) it stops before anything that
-could yet become, or is still completing, a call, so what it returns is a prefix of what any
-longer text gives. Streaming then sends only what no later token can take back, and the
-reassembled stream equals the whole reply by construction.
+A parser reads a model's text as text outside tool calls (the content) plus the calls, in order.
+Each parser is a `ToolCallStream` subclass: `feed` takes the next piece of text and returns the
+content and call pieces that no later text can take back. A call is sent as soon as its name and
+the start of its arguments are read (its first delta: name, empty arguments), then its arguments
+piece by piece as they are written. A whole reply is read by feeding it in one piece, so a
+reassembled stream equals the whole reply by construction, however the text was cut.
+
+Once a call has started it stays a call: if its text then breaks off (the reply is cut short, or
+it stops being JSON), the call keeps the arguments written so far. Text that breaks before a call
+has started stays in the content as written.
 """
 
 from __future__ import annotations
 
-import abc
 import json
 import secrets
 import string
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from inferengine.entrypoints.openai.tool_parsers.json_scan import (
+    ArgumentsReader,
+    CallReader,
+    Read,
+)
 from inferengine.logger import init_logger
 
 logger = init_logger(__name__)
 
 _ALPHANUMERIC = string.ascii_letters + string.digits
-DECODER = json.JSONDecoder()
 
 
 @dataclass(frozen=True)
 class ParsedCall:
     name: str
-    arguments: str  # a JSON object, as text
+    arguments: str  # a JSON object, as written
+
+
+@dataclass(frozen=True)
+class CallDelta:
+    """What one `feed` adds to one call: its first delta has the name, later ones only
+    argument text."""
+
+    index: int
+    name: str | None
+    arguments: str
+
+
+@dataclass
+class StreamedCall:
+    name: str
+    arguments: str = ""
 
 
 def random_alphanumeric(length: int) -> str:
@@ -65,74 +90,150 @@ def skip_space(text: str, pos: int) -> int:
     return pos
 
 
-def call_from(obj: Any, argument_keys: tuple[str, ...]) -> ParsedCall | None:
-    """A call from a decoded `{"name": ..., <argument key>: {...}}`; None if it is not one.
-    Arguments may be an object or the text of one; missing arguments are `{}`."""
-    if not isinstance(obj, dict):
-        return None
-    name = obj.get("name")
-    if not isinstance(name, str) or not name:
-        return None
-    args: Any = {}
-    for key in argument_keys:
-        if key in obj:
-            args = obj[key]
-            break
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
-    if not isinstance(args, dict):
-        return None
-    return ParsedCall(name, json.dumps(args, ensure_ascii=False))
+class ToolCallStream:
+    """One reply read as it grows. A subclass implements `step`: read on from `pos`, moving text
+    into the content (`take`), starting and growing calls (`read`), and return whether it made
+    progress (False: it waits for more text, or, `final`, is done)."""
+
+    def __init__(self, max_calls: int | None = None):
+        self.max_calls = max_calls
+        self.text = ""
+        self.pos = 0  # what is read; text past it is not decided yet
+        self.outside = ""  # the text outside calls, so far
+        self.calls: list[StreamedCall] = []
+        self._sent_content = ""
+        self._sent_arguments: list[int] = []
+        self._reader: CallReader | ArgumentsReader | None = None
+        self._call: StreamedCall | None = None  # the reader's call, once started
+
+    def feed(self, delta: str, final: bool) -> tuple[str, list[CallDelta]]:
+        """The content and the call pieces that `delta` (the next text) adds; `final`: it is
+        the last piece."""
+        self.text += delta
+        while self.step(final):
+            pass
+        calls = self.calls[: self.max_calls]
+        content = content_of(self.outside, calls, final) or ""
+        if not content.startswith(self._sent_content):  # a parser broke the stream contract
+            logger.warning("%s tool parser: streamed content was taken back", type(self).__name__)
+        new_content = content[len(self._sent_content) :]
+        self._sent_content = content
+        deltas = []
+        for i, call in enumerate(calls):
+            if i == len(self._sent_arguments):
+                deltas.append(CallDelta(i, call.name, call.arguments))
+                self._sent_arguments.append(len(call.arguments))
+            elif len(call.arguments) > self._sent_arguments[i]:
+                deltas.append(CallDelta(i, None, call.arguments[self._sent_arguments[i] :]))
+                self._sent_arguments[i] = len(call.arguments)
+        return new_content, deltas
+
+    def step(self, final: bool) -> bool:
+        raise NotImplementedError
+
+    # ---- for subclasses ----------------------------------------------------------------------
+
+    def take(self, end: int) -> None:
+        """The text from `pos` to `end` is content."""
+        self.outside += self.text[self.pos : end]
+        self.pos = max(self.pos, end)
+
+    def drop(self, end: int, why: str) -> None:
+        """The text from `pos` to `end` is neither content nor a call (logged)."""
+        if self.text[self.pos : end].strip():
+            logger.warning("tool call parser: dropped %.200r (%s)", self.text[self.pos : end], why)
+        self.pos = end
+
+    def begin_call(self, reader: CallReader | ArgumentsReader) -> None:
+        self._reader, self._call = reader, None
+
+    def read(self, final: bool) -> Read:
+        """Go on with the call begun with `begin_call`: DONE (`pos` after it), BROKEN (a call
+        that broke off; `pos` where it broke), ERROR (not a call; `pos` unmoved) or MORE."""
+        reader = self._reader
+        assert reader is not None
+        status = reader.advance(self.text, final)
+        if reader.started:
+            if self._call is None:
+                self._call = StreamedCall(reader.name or "")
+                self.calls.append(self._call)
+            self._call.arguments = reader.arguments
+        if status in (Read.DONE, Read.BROKEN):
+            self.pos = reader.pos
+            if status is Read.BROKEN and not final:
+                logger.warning(
+                    "tool call parser: a call broke off at %.200r", self.text[self.pos :]
+                )
+        if status is not Read.MORE:
+            self._reader = None
+        return status
 
 
-class ToolParser(abc.ABC):
-    """Base class; a subclass sets `name` and implements `scan`."""
+class ToolParser:
+    """Base class; a subclass sets `name` and `stream_class`."""
 
     name: ClassVar[str] = ""
+    stream_class: ClassVar[type[ToolCallStream]] = ToolCallStream
     # Its tags are special tokens, so the reply is decoded with them (skip_special_tokens off).
     keeps_special_tokens: ClassVar[bool] = False
 
-    @abc.abstractmethod
-    def scan(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
-        """The text outside tool calls, and the calls (see the module docstring)."""
-
     def extract(self, text: str) -> tuple[str | None, list[ParsedCall]]:
-        """A whole reply: its content (None if none) and its calls. A call whose text does not
-        parse stays in the content as written."""
-        outside, calls = self.scan(text, final=True)
-        return content_of(outside, calls, final=True), calls
+        """A whole reply: its content (None if none) and its calls."""
+        stream = self.stream()
+        content, deltas = stream.feed(text, final=True)
+        calls = [ParsedCall(d.name or "", d.arguments) for d in deltas]
+        return content or None, calls
 
     def make_call_id(self) -> str:
         return make_call_id()
 
     def stream(self, max_calls: int | None = None) -> ToolCallStream:
-        return ToolCallStream(self, max_calls)
+        return self.stream_class(max_calls)
+
+    def strict_grammar(self, tools: list[tuple[str, dict[str, Any]]], tokenizer: Any) -> str | None:
+        """A Lark grammar (llguidance's) that leaves the reply free but holds each call this
+        parser reads to one of `tools` (name, arguments schema): tool_choice "auto" with
+        `strict` tools. None when this parser has none."""
+        return None
 
 
-class ToolCallStream:
-    """One streamed choice: `feed` each text delta, get the content to send and the calls that
-    completed. Content streams as soon as it cannot be part of a call; a call is sent whole, once
-    its text closes (its arguments are not streamed piecewise)."""
+def _json_text(value: Any) -> str:
+    # "::=" would make the grammar read as GBNF (structured_output.grammar); it can only be
+    # inside a string here, where an escaped ":" means the same.
+    return json.dumps(value, ensure_ascii=False).replace("::=", ":\\u003a=")
 
-    def __init__(self, parser: ToolParser, max_calls: int | None = None):
-        self.parser = parser
-        self.max_calls = max_calls
-        self.text = ""
-        self.sent_content = ""
-        self.num_sent_calls = 0
 
-    def feed(self, delta: str, final: bool) -> tuple[str, list[ParsedCall]]:
-        self.text += delta
-        outside, calls = self.parser.scan(self.text, final)
-        calls = calls[: self.max_calls]
-        content = content_of(outside, calls, final) or ""
-        if not content.startswith(self.sent_content):  # a parser broke the scan contract
-            logger.warning("%s tool parser: streamed content was taken back", self.parser.name)
-        new_content = content[len(self.sent_content) :]
-        self.sent_content = content
-        new_calls = calls[self.num_sent_calls :]
-        self.num_sent_calls = len(calls)
-        return new_content, new_calls
+def lark_string(text: str) -> str:
+    """`text` as a Lark string literal."""
+    return _json_text(text)
+
+
+def lark_json(schema: dict[str, Any]) -> str:
+    """`schema` as an llguidance `%json` item, whitespace as the model likes it."""
+    return "%json " + _json_text(schema)
+
+
+def lark_token(tokenizer: Any, text: str) -> str:
+    """How a Lark grammar spells `text`: the special token it is (by id), or the string."""
+    token_id = tokenizer.convert_tokens_to_ids(text)
+    added = getattr(tokenizer, "added_tokens_decoder", {}).get(token_id)
+    if (
+        isinstance(token_id, int)
+        and tokenizer.convert_ids_to_tokens(token_id) == text
+        and added is not None
+        and added.special
+    ):
+        return f"<[{token_id}]>"
+    return lark_string(text)
+
+
+def free_text_with_calls(tokenizer: Any, tag: str, call: str, rules: str = "") -> str:
+    """The Lark grammar of a reply that is free text with calls in it, each `tag` then `call`
+    (and further `rules`). A tag that is a special token is one the text cannot hold; a tag
+    that is text ends the free text lazily, as soon as it is written."""
+    token = lark_token(tokenizer, tag)
+    if token.startswith("<["):
+        head = f"call: TEXT {token} "
+    else:
+        head = f"trigger[lazy]: TEXT {token}\ncall: trigger "
+    return "%llguidance {}\nstart: call* TEXT\nTEXT: /(.|\\n)*/\n" + head + call + "\n" + rules

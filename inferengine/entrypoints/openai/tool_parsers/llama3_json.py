@@ -1,60 +1,108 @@
 """`llama3_json`: Llama 3.1/3.2/3.3 answer a call with only JSON, `{"name": ..., "parameters":
 {...}}` (or "arguments"), maybe after `<|python_tag|>`, several separated by `;`. JSON at the start
-of the reply is read as calls; text before `<|python_tag|>` is content."""
+of the reply is read as calls; text before `<|python_tag|>` is content, and so is text after the
+calls (or after a call that broke off)."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from inferengine.entrypoints.openai.tool_parsers.base import (
-    DECODER,
-    ParsedCall,
+    ToolCallStream,
     ToolParser,
-    call_from,
+    free_text_with_calls,
+    lark_json,
+    lark_string,
     partial_tag_len,
     skip_space,
 )
+from inferengine.entrypoints.openai.tool_parsers.json_scan import CallReader, Read
 
 TAG = "<|python_tag|>"
+_TRIGGER = '{"name": "'
+_START, _CONTENT, _CALLS, _CALL, _REST = range(5)
+
+
+class Llama3JsonStream(ToolCallStream):
+    def __init__(self, max_calls: int | None = None):
+        super().__init__(max_calls)
+        self.state = _START
+        self.region = 0  # where the calls' text begins (the tag, or the first brace)
+        self.num_calls = 0
+        self.call_at = 0  # where the call being read starts
+
+    def step(self, final: bool) -> bool:
+        text = self.text
+        if self.state == _START:
+            lead = skip_space(text, 0)
+            if lead == len(text):
+                if final:
+                    self.take(lead)
+                return False  # only whitespace yet: JSON may follow
+            if text[lead] == "{":
+                self.take(lead)
+                self.region, self.state = lead, _CALLS
+            else:
+                self.state = _CONTENT
+            return True
+        if self.state == _CONTENT:
+            at = text.find(TAG, self.pos)
+            if at < 0:
+                held = 0 if final else partial_tag_len(text[self.pos :], (TAG,))
+                self.take(len(text) - held)
+                return False
+            self.take(at)
+            self.region, self.pos, self.state = at, at + len(TAG), _CALLS
+            return True
+        if self.state == _CALLS:
+            p = skip_space(text, self.pos)
+            if self.num_calls and text.startswith(";", p):
+                p = skip_space(text, p + 1)
+            elif self.num_calls and p < len(text):
+                self.pos, self.state = p, _REST  # no separator: the rest is content
+                return True
+            if p == len(text):
+                return False
+            if text[p] != "{":
+                self._not_calls(p)
+                return True
+            self.begin_call(CallReader(p, ("parameters", "arguments")))
+            self.call_at, self.state = p, _CALL
+            return True
+        if self.state == _CALL:
+            status = self.read(final)
+            if status is Read.MORE:
+                return False
+            if status is Read.DONE:
+                self.num_calls += 1
+                self.state = _CALLS
+            elif status is Read.BROKEN:
+                self.num_calls += 1
+                self.state = _REST
+            else:
+                self._not_calls(self.call_at)
+            return True
+        self.take(len(text))
+        return False
+
+    def _not_calls(self, pos: int) -> None:
+        """Text that is not a call: after calls, it and the rest are content; before any, the
+        whole region is."""
+        self.pos = pos if self.num_calls else self.region
+        self.state = _REST
 
 
 class Llama3JsonToolParser(ToolParser):
     name = "llama3_json"
+    stream_class = Llama3JsonStream
 
-    def scan(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
-        lead = skip_space(text, 0)
-        if text.startswith("{", lead):
-            head, start = text[:lead], lead
-        elif (at := text.find(TAG)) >= 0:
-            head, start = text[:at], at + len(TAG)
-        elif final:
-            return text, []
-        elif lead == len(text):
-            return "", []  # only whitespace yet: JSON may follow
-        else:
-            return text[: len(text) - partial_tag_len(text, (TAG,))], []
-        region = len(head)  # where the calls' text begins (the tag, or the first brace)
-        calls: list[ParsedCall] = []
-        pos = start
-        while True:
-            pos = skip_space(text, pos)
-            if calls and text.startswith(";", pos):
-                pos = skip_space(text, pos + 1)
-            elif calls and pos < len(text):
-                break  # no separator: the rest is content
-            if pos == len(text):
-                return head, calls
-            if text[pos] != "{":
-                break
-            try:
-                obj, end = DECODER.raw_decode(text, pos)
-            except json.JSONDecodeError:
-                if not final:
-                    return head, calls  # maybe not written to its end yet
-                break
-            call = call_from(obj, ("parameters", "arguments"))
-            if call is None:
-                break
-            calls.append(call)
-            pos = end
-        return head + text[pos if calls else region :], calls
+    def strict_grammar(self, tools: list[tuple[str, dict[str, Any]]], tokenizer: Any) -> str:
+        # As Llama 3's template writes a call; the grammar starts at `{"name": "`.
+        calls = " | ".join(
+            lark_string(json.dumps(name, ensure_ascii=False)[1:] + ', "parameters": ')
+            + " "
+            + lark_json(schema)
+            for name, schema in tools
+        )
+        return free_text_with_calls(tokenizer, _TRIGGER, f'({calls}) "}}"')

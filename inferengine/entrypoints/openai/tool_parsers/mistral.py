@@ -1,92 +1,176 @@
-"""`mistral`: Mistral 7B Instruct v0.3 and later write `[TOOL_CALLS][{"name": ..., "arguments":
-{...}}, ...]` (newer tokenizers: `[TOOL_CALLS]name{...}` or `[TOOL_CALLS]name[ARGS]{...}`, one
-call per tag); text before the tag is content. `[TOOL_CALLS]` is a special token, so replies are
-decoded with special tokens. Call ids are 9 letters or digits, as Mistral's templates require."""
+"""`mistral`: Mistral 7B Instruct v0.3 writes `[TOOL_CALLS][{"name": ..., "arguments": {...}},
+...]`; tokenizers from v11 on (Mistral Small 3.1+, Ministral, Devstral) write one call per tag,
+`[TOOL_CALLS]name[ARGS]{...}`, maybe with the call's id, `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`
+(as their templates render earlier calls), or older ones `[TOOL_CALLS]name{...}`. Text before and
+between the calls is content, and so is text after a call that broke off. `[TOOL_CALLS]` is a
+special token, so replies are decoded with special tokens. Call ids are 9 letters or digits, as
+Mistral's templates require; ids the model writes are not kept (it may repeat an earlier one)."""
 
 from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from inferengine.entrypoints.openai.tool_parsers.base import (
-    DECODER,
-    ParsedCall,
+    ToolCallStream,
     ToolParser,
-    call_from,
+    free_text_with_calls,
+    lark_json,
+    lark_string,
+    lark_token,
     partial_tag_len,
     random_alphanumeric,
     skip_space,
 )
+from inferengine.entrypoints.openai.tool_parsers.json_scan import (
+    ArgumentsReader,
+    CallReader,
+    Read,
+)
 
 TAG = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
+CALL_ID = "[CALL_ID]"
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+_ID = re.compile(r"[A-Za-z0-9_\-]*")
+_CONTENT, _AFTER_TAG, _ITEMS, _ITEM, _NAMED, _ARGUMENTS = range(6)
+
+
+class MistralStream(ToolCallStream):
+    def __init__(self, max_calls: int | None = None):
+        super().__init__(max_calls)
+        self.state = _CONTENT
+        self.tag = 0  # where the tag being read starts
+        self.num_items = 0  # calls read from the JSON list after the tag
+        self.item_at = 0
+
+    def step(self, final: bool) -> bool:
+        text = self.text
+        if self.state == _CONTENT:
+            at = text.find(TAG, self.pos)
+            if at < 0:
+                held = 0 if final else partial_tag_len(text[self.pos :], (TAG,))
+                self.take(len(text) - held)
+                return False
+            self.take(at)
+            self.tag, self.pos, self.state = at, at + len(TAG), _AFTER_TAG
+            return True
+        if self.state == _AFTER_TAG:
+            p = skip_space(text, self.pos)
+            if p == len(text):
+                return self._not_a_call(p) if final else False
+            if text[p] == "[":
+                self.pos, self.state, self.num_items = p + 1, _ITEMS, 0
+            else:
+                self.pos, self.state = p, _NAMED
+            return True
+        if self.state == _ITEMS:
+            return self._items(final)
+        if self.state == _NAMED:
+            return self._named(final)
+        status = self.read(final)  # _ITEM or _ARGUMENTS
+        if status is Read.MORE:
+            return False
+        if self.state == _ITEM:
+            if status is Read.DONE:
+                self.num_items += 1
+                self.state = _ITEMS
+                return True
+            if status is Read.ERROR:
+                if not self.num_items:
+                    return self._not_a_call(self.item_at)
+                self.pos = self.item_at
+        self.state = _CONTENT  # after the call, or where it broke off: text again
+        return True
+
+    def _items(self, final: bool) -> bool:
+        """In the JSON list: the next call, a comma, or the closing bracket."""
+        text = self.text
+        p = skip_space(text, self.pos)
+        if self.num_items and text.startswith(",", p):
+            p = skip_space(text, p + 1)
+        elif self.num_items and text.startswith("]", p):
+            self.pos, self.state = p + 1, _CONTENT
+            return True
+        if p == len(text):
+            if final:
+                self.state = _CONTENT
+                return self._not_a_call(p) if not self.num_items else True
+            return False
+        if text[p] != "{":
+            if not self.num_items:
+                return self._not_a_call(p)
+            self.pos, self.state = p, _CONTENT
+            return True
+        self.begin_call(CallReader(p, ("arguments", "parameters")))
+        self.item_at, self.state = p, _ITEM
+        return True
+
+    def _named(self, final: bool) -> bool:
+        """`name[CALL_ID]id[ARGS]{...}`, the middle parts optional."""
+        text = self.text
+        name = _NAME.match(text, self.pos)
+        if name is None:
+            return self._not_a_call(self.pos)
+        p = name.end()
+        if not final and p == len(text):
+            return False  # the name may go on
+        if text.startswith(CALL_ID, p):
+            p = _ID.match(text, p + len(CALL_ID)).end()  # type: ignore[union-attr]
+            if not final and p == len(text):
+                return False
+            if not text.startswith(ARGS, p) and (final or not ARGS.startswith(text[p:])):
+                return self._not_a_call(p)
+        rest = text[p : p + len(CALL_ID)]
+        if (
+            not final
+            and len(rest) < len(CALL_ID)
+            and (CALL_ID.startswith(rest) or ARGS.startswith(rest))
+        ):
+            return False  # a marker may follow
+        if text.startswith(ARGS, p):
+            p += len(ARGS)
+        if p == len(text):
+            return self._not_a_call(p) if final else False
+        if text[p] != "{":
+            return self._not_a_call(p)
+        self.begin_call(ArgumentsReader(p, name.group()))
+        self.state = _ARGUMENTS
+        return True
+
+    def _not_a_call(self, end: int) -> bool:
+        """The tag and what follows it up to `end` are content, as written."""
+        self.pos = self.tag
+        self.take(end)
+        self.state = _CONTENT
+        return True
 
 
 class MistralToolParser(ToolParser):
     name = "mistral"
+    stream_class = MistralStream
     keeps_special_tokens = True
 
     def make_call_id(self) -> str:
         return random_alphanumeric(9)
 
-    def scan(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
-        outside: list[str] = []
-        calls: list[ParsedCall] = []
-        pos = 0
-        while True:
-            at = text.find(TAG, pos)
-            if at < 0:
-                tail = text[pos:]
-                outside.append(tail if final else tail[: len(tail) - partial_tag_len(tail, (TAG,))])
-                return "".join(outside), calls
-            outside.append(text[pos:at])
-            found, end = _calls_after(text, at + len(TAG), final)
-            if found is None:
-                return "".join(outside), calls  # still being written
-            if found:
-                calls.extend(found)
-            else:
-                outside.append(text[at:end])  # kept as written
-            pos = end
-
-
-def _calls_after(text: str, pos: int, final: bool) -> tuple[list[ParsedCall] | None, int]:
-    """The calls right after a tag and where they end; [] when the text there is not a call,
-    None when it may still become one."""
-    unfinished: tuple[list[ParsedCall] | None, int] = (None, pos) if not final else ([], len(text))
-    pos = skip_space(text, pos)
-    if pos == len(text):
-        return unfinished
-    if text[pos] == "[":
-        try:
-            items, end = DECODER.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            return unfinished
-        found = (
-            [call_from(item, ("arguments", "parameters")) for item in items]
-            if isinstance(items, list)
-            else []
+    def strict_grammar(self, tools: list[tuple[str, dict[str, Any]]], tokenizer: Any) -> str:
+        # The form this tokenizer's models write: with an [ARGS] token, one call per tag.
+        args = lark_token(tokenizer, ARGS)
+        if args.startswith("<["):
+            call_id = lark_token(tokenizer, CALL_ID)
+            maybe_id = f"({call_id} /[A-Za-z0-9]+/)? " if call_id.startswith("<[") else ""
+            calls = " | ".join(
+                f"{lark_string(name)} {maybe_id}{args} {lark_json(schema)}"
+                for name, schema in tools
+            )
+            return free_text_with_calls(tokenizer, TAG, f"({calls})")
+        items = " | ".join(
+            lark_string('{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ')
+            + f" {lark_json(schema)}"
+            for name, schema in tools
         )
-        if not found or any(call is None for call in found):
-            return [], end
-        return found, end  # type: ignore[return-value]
-    name = _NAME.match(text, pos)
-    if name is None:
-        return [], pos
-    p = name.end()
-    if text.startswith(ARGS, p):
-        p += len(ARGS)
-    elif not final and ARGS.startswith(text[p:]):
-        return unfinished  # the name or the [ARGS] marker may go on
-    if p == len(text):
-        return unfinished
-    if text[p] != "{":
-        return [], p
-    try:
-        args, end = DECODER.raw_decode(text, p)
-    except json.JSONDecodeError:
-        return unfinished
-    if not isinstance(args, dict):
-        return [], end
-    return [ParsedCall(name.group(), json.dumps(args, ensure_ascii=False))], end
+        return free_text_with_calls(
+            tokenizer, TAG, '"[" item (", " item)* "]"', f'item: ({items}) "}}"\n'
+        )
