@@ -162,13 +162,47 @@ def paired_section(paired: list[tuple[str, dict]]) -> list[str]:
             lines.append(f"| {label} | {name} | {cells} | {ratio(a, b)} |")
             label = ""
         revision = summaries[-1]["revision"][:7]
-        notes.append(f"{workload}: {len(runs[systems[0]])} round(s) at {revision}, " + ", ".join(
+        by_round = round_ratios(runs[systems[0]], runs[systems[1]])
+        notes.append(f"{workload}: {len(runs[systems[0]])} round(s) at {revision}{by_round}, " + ", ".join(
             f"`{f}`" for f in folders
         ))  # fmt: skip
+        twin = twin_line(paired, workload, systems)
+        if twin:
+            notes.append(twin)
         floor = entry.get("floor")
         if floor:
             notes.append(floor_line(summaries, workload, systems))
     return [*lines, "", *(f"- {n}" for n in notes), *ready_lines(paired, systems)]
+
+
+def round_ratios(a: list[dict], b: list[dict]) -> str:
+    """Output throughput a/b of each round (runs paired by their repeat), when there are two."""
+    b_by = {r["repeat"]: r["metrics"].get("output_throughput") for r in b}
+    ratios = [
+        r["metrics"]["output_throughput"] / b_by[r["repeat"]]
+        for r in a
+        if r["metrics"].get("output_throughput") and b_by.get(r["repeat"])
+    ]
+    if len(ratios) < 2:
+        return ""
+    return " (output tok/s ratio by round: " + " · ".join(f"{x:.2f}" for x in ratios) + ")"
+
+
+def twin_line(paired: list[tuple[str, dict]], workload: str, systems: list[str]) -> str | None:
+    """A constrained workload against its unconstrained twin (`json-c16` / `json-c16-plain`),
+    per system, from the same rounds."""
+    plain = f"{workload}-plain"
+    _, summaries = newest_runs(paired, workload)
+    if not all(plain in s["workloads"] for s in summaries):
+        return None
+    cells = []
+    for system in systems:
+        a = metric_values(runs_of(summaries, workload, system), "output_throughput")
+        b = metric_values(runs_of(summaries, plain, system), "output_throughput")
+        cells.append(f"{NAMES.get(system, system)} {ratio(a, b)}x")
+    return f"{workload} against its twin without a grammar ({plain}), output tok/s: " + ", ".join(
+        cells
+    )
 
 
 def floor_line(summaries: list[dict], workload: str, systems: list[str]) -> str:
@@ -214,25 +248,26 @@ def ready_lines(paired: list[tuple[str, dict]], systems: list[str]) -> list[str]
 
 
 def busy_line(paired: list[tuple[str, dict]], systems: list[str]) -> str | None:
-    revision = paired[-1][1]["revision"]
-    at = [s for _, s in paired if s["revision"] == revision]
-    if any(s.get("busy_window", "").startswith("the judge's") for s in at):
-        rows = []
-        for workload in WORKLOAD_ORDER:
-            sums = [s for s in at if workload in s["workloads"]]
-            if not sums:
-                continue
-            cells = []
-            for system in systems:
-                v = metric_values(runs_of(sums, workload, system), "busy_pct")
-                if v:
-                    cells.append(f"{NAMES.get(system, system)} {statistics.median(v):.0f}%")
-            rows.append(f"{workload} " + ", ".join(cells))
-        return "- GPU busy during the judge's window (NVML, median): " + "; ".join(rows)
-    return (
-        "- GPU busy share: not quoted; in these runs it was averaged over the judge's start-up "
-        "as well as its window (each folder's `notes`); later runs measure the window"
+    """Each workload's GPU busy share, from the same rounds as its table rows."""
+    workloads = [w for w in WORKLOAD_ORDER if newest_runs(paired, w)[0]]
+    workloads += sorted(
+        {w for _, s in paired for w in s["workloads"]} - set(workloads) - {"custom"}
     )
+    rows = []
+    for workload in workloads:
+        _, sums = newest_runs(paired, workload)
+        if not any(s.get("busy_window", "").startswith("the judge's") for s in sums):
+            continue
+        cells = []
+        for system in systems:
+            v = metric_values(runs_of(sums, workload, system), "busy_pct")
+            if v:
+                spread = f" ({min(v):.0f}–{max(v):.0f})" if len(v) > 1 else ""
+                cells.append(f"{NAMES.get(system, system)} {statistics.median(v):.0f}%{spread}")
+        rows.append(f"{workload} " + ", ".join(cells))
+    if not rows:
+        return None
+    return "- GPU busy during the judge's window (NVML, median, then range): " + "; ".join(rows)
 
 
 def cpu_lines(results: Path) -> list[str]:
