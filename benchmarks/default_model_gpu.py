@@ -6,7 +6,10 @@ position. `--save-answers` keeps a CPU run's answers as a small JSON (committed 
 `benchmarks/default_model_cpu_answers.json`); `--compare` checks each run against such a file:
 per question, are the token ids equal, where do they first differ, and what was the margin between
 the top two logprobs there (a near tie is the expected reason for bf16 to part from float32).
-The answer to the France question must contain "Paris" in every run. Writes
+The answer to the France question must contain "Paris" in every run. `--quantization fp8` runs
+the model with FP8 weights (quantized on load; compared against the same reference);
+`--weights int4` with the GGUF's 4-bit weights as the CPU runs them by default (`dequantized`,
+the default here, is the float path the reference was recorded on). Writes
 `benchmarks/results/<UTC stamp>-default-model-<device>/` (or `--out-dir`).
 
     python benchmarks/default_model_gpu.py --device cpu \
@@ -61,7 +64,13 @@ def prepare_alias_cache(gguf: Path) -> Path:
     return folder
 
 
-def answer(device: str, dtype: str, max_tokens: int) -> dict:
+def answer(
+    device: str,
+    dtype: str,
+    max_tokens: int,
+    quantization: str | None = None,
+    weights: str = "dequantized",
+) -> dict:
     """Prompt and answer token ids, text and per-position top-2 logprob margins per question."""
     import torch
 
@@ -72,7 +81,13 @@ def answer(device: str, dtype: str, max_tokens: int) -> dict:
     # A fixed KV cache (the CPU's default, 1 GiB): the second engine in this process does not
     # depend on the first one's memory being given back.
     llm = LLM(
-        DEFAULT_MODEL, device=device, dtype=dtype, max_model_len=2048, kv_cache_memory=1 << 30
+        DEFAULT_MODEL,
+        device=device,
+        dtype=dtype,
+        max_model_len=2048,
+        kv_cache_memory=1 << 30,
+        quantization=quantization,
+        gguf_dequantize=weights == "dequantized",
     )
     params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=2)
     chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
@@ -96,7 +111,14 @@ def answer(device: str, dtype: str, max_tokens: int) -> dict:
                 "top2_logprob_margins": margins,
             }
         )
-    return {"device": device, "dtype": dtype, "max_tokens": max_tokens, "answers": answers}
+    return {
+        "device": device,
+        "dtype": dtype,
+        "quantization": quantization,
+        "weights": weights,
+        "max_tokens": max_tokens,
+        "answers": answers,
+    }
 
 
 def _at(values: list, i: int):
@@ -133,6 +155,11 @@ def main() -> None:
         help="repeatable; default float32 on the CPU, float32 and bfloat16 on the GPU",
     )  # fmt: skip
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--quantization", choices=["fp8"], help="FP8 weights (default: none)")
+    parser.add_argument(
+        "--weights", choices=["dequantized", "int4"], default="dequantized",
+        help="int4: the GGUF's 4-bit weights, as the CPU runs them by default",
+    )  # fmt: skip
     parser.add_argument("--gguf", type=Path, help="SmolLM2-135M-Instruct.Q4_1.gguf to cache")
     parser.add_argument("--compare", type=Path, help="answers JSON of an earlier CPU run")
     parser.add_argument("--save-answers", type=Path, help="write the first run's answers here")
@@ -143,7 +170,10 @@ def main() -> None:
     if args.gguf:
         print(f"model folder: {prepare_alias_cache(args.gguf)}")
     reference = json.loads(args.compare.read_text()) if args.compare else None
-    runs = [answer(args.device, dtype, args.max_tokens) for dtype in dtypes]
+    runs = [
+        answer(args.device, dtype, args.max_tokens, args.quantization, args.weights)
+        for dtype in dtypes
+    ]
     results = {
         "questions": QUESTIONS,
         "reference": args.compare and str(args.compare),
@@ -155,13 +185,17 @@ def main() -> None:
         results["reference_run"] = {k: reference[k] for k in ("device", "dtype", "max_tokens")}
         for run in runs:
             run["comparison"] = compare(reference, run)
-    folder = write_result_folder(f"default-model-{args.device}", results, args.out_dir)
+    name = f"default-model-{args.device}" + (f"-{args.quantization}" if args.quantization else "")
+    name += "-int4" if args.weights == "int4" else ""
+    folder = write_result_folder(name, results, args.out_dir)
 
     failed = False
     for run in runs:
         paris = "Paris" in run["answers"][PARIS_QUESTION]["text"]
         failed |= not paris
-        print(f"\n{args.device} {run['dtype']}: France answer has Paris: {paris}")
+        label = f"{run['dtype']}{' ' + args.quantization if args.quantization else ''}"
+        label += " int4" if args.weights == "int4" else ""
+        print(f"\n{args.device} {label}: France answer has Paris: {paris}")
         print(f"  {run['answers'][PARIS_QUESTION]['text']!r}")
         for i, row in enumerate(run.get("comparison", [])):
             failed |= not row["same_prompt"]

@@ -7,7 +7,12 @@ the L2 cache (a decode step reads each weight once, cold), medians of several re
 warm-up. The default run checks each result against the float32 reference before timing it.
 Writes `benchmarks/results/<UTC stamp>-skinny-gemm/` (or under `--out-dir`).
 
-    python benchmarks/skinny_gemm.py [--sweep] [--shapes qwen-o,llama] [--m 1,16]
+With --fp8, W is FP8 with a scale per row (the W8A16 kernel), the baseline is the W8A8 path
+(`fp8_gemm.scaled_mm_linear`: per-token quantization + `torch._scaled_mm`), a sweep prints
+entries for `skinny_gemm.FP8_CONFIGS`, and the plain run prints `fp8_gemm.W8A16_MAX_M`
+entries: the largest M at which W8A16 wins, per shape.
+
+    python benchmarks/skinny_gemm.py [--sweep] [--fp8] [--shapes qwen-o,llama] [--m 1,16]
         [--budget-s 210] [--out-dir DIR]
 """
 
@@ -32,6 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from result_folder import write_result_folder
 
+from inferengine.kernels import fp8_gemm as fg
 from inferengine.kernels import skinny_gemm as sg
 
 DEVICE = "cuda"
@@ -54,19 +60,24 @@ class Problem:
     k: int
     weights: list[torch.Tensor]  # copies of one random W, cycled to defeat the L2 cache
     bias: torch.Tensor | None
+    scale: torch.Tensor | None = None  # FP8 W's per-row scales
 
     @property
     def weight_bytes(self) -> int:
-        return self.n * self.k * DTYPE.itemsize
+        return self.n * self.k * self.weights[0].element_size()
 
 
-def make_problem(name: str) -> Problem:
+def make_problem(name: str, fp8: bool = False) -> Problem:
     n, k, has_bias = SHAPES[name]
-    copies = max(1, min(8, math.ceil(COLD_BYTES / (n * k * DTYPE.itemsize))))
+    w_bytes = 1 if fp8 else DTYPE.itemsize
+    copies = max(1, min(8, math.ceil(COLD_BYTES / (n * k * w_bytes))))
     w = torch.randn(n, k, device=DEVICE, dtype=DTYPE) / k**0.5
+    scale = None
+    if fp8:
+        w, scale = fg.quantize_rows(w)
     weights = [w] + [w.clone() for _ in range(copies - 1)]
     bias = torch.randn(n, device=DEVICE, dtype=DTYPE) if has_bias else None
-    return Problem(name, n, k, weights, bias)
+    return Problem(name, n, k, weights, bias, scale)
 
 
 def time_us(make_call: Callable[[torch.Tensor], Callable[[], object]],
@@ -101,10 +112,14 @@ def time_us(make_call: Callable[[torch.Tensor], Callable[[], object]],
 
 def ours(problem: Problem, x: torch.Tensor, cfg: sg.SkinnyConfig | None):
     out = torch.empty(x.shape[0], problem.n, device=DEVICE, dtype=DTYPE)
-    return lambda w: lambda: sg.skinny_linear(x, w, problem.bias, out=out, config=cfg)
+    b, s = problem.bias, problem.scale
+    return lambda w: lambda: sg.skinny_linear(x, w, b, out=out, config=cfg, weight_scale=s)
 
 
 def cublas(problem: Problem, x: torch.Tensor):
+    """cuBLAS: F.linear, or for FP8 W the W8A8 path (per-token quantization + _scaled_mm)."""
+    if problem.scale is not None:
+        return lambda w: lambda: fg.scaled_mm_linear(x, w, problem.scale, problem.bias)
     return lambda w: lambda: F.linear(x, w, problem.bias)
 
 
@@ -123,42 +138,44 @@ def attempt(row: dict, key: str, make_call, problem: Problem, repeats: int) -> f
 
 def check(problem: Problem, x: torch.Tensor, cfg: sg.SkinnyConfig | None) -> dict:
     """Against the float32 reference (bf16 tolerance), poisoned output, two identical runs."""
-    w, b = problem.weights[0], problem.bias
-    want = F.linear(x.float(), w.float(), None if b is None else b.float())
+    w, b, s = problem.weights[0], problem.bias, problem.scale
+    w32 = w.float() if s is None else fg.dequantize_rows(w, s)
+    want = F.linear(x.float(), w32, None if b is None else b.float())
     out = torch.full((x.shape[0], problem.n), float("nan"), device=DEVICE, dtype=DTYPE)
-    got = sg.skinny_linear(x, w, b, out=out, config=cfg).float()
+    got = sg.skinny_linear(x, w, b, out=out, config=cfg, weight_scale=s).float()
     excess = ((got - want).abs() - 8e-3 * want.abs()).max().item()
-    again = sg.skinny_linear(x, w, b, config=cfg).float()
+    again = sg.skinny_linear(x, w, b, config=cfg, weight_scale=s).float()
     ok = excess <= 1e-3 and not got.isnan().any().item() and torch.equal(got, again)
     return {"check_ok": bool(ok), "check_excess_error": excess}
 
 
-def _compile_points(points: list[tuple[str, int, sg.SkinnyConfig]]) -> int:
+def _compile_points(points: list[tuple[str, int, sg.SkinnyConfig, bool]]) -> int:
     """Worker: run each config once on scratch data so Triton compiles it into its disk cache."""
     failures = 0
-    for name, m, cfg in points:
+    for name, m, cfg, fp8 in points:
         n, k, has_bias = SHAPES[name]
         try:
-            w = torch.empty(n, k, device=DEVICE, dtype=DTYPE)
+            w = torch.zeros(n, k, device=DEVICE, dtype=fg.FP8_DTYPE if fp8 else DTYPE)
+            s = torch.ones(n, device=DEVICE) if fp8 else None
             x = torch.randn(m, k, device=DEVICE, dtype=DTYPE)
             b = torch.zeros(n, device=DEVICE, dtype=DTYPE) if has_bias else None
-            sg.skinny_linear(x, w, b, config=cfg)
+            sg.skinny_linear(x, w, b, config=cfg, weight_scale=s)
             torch.cuda.synchronize()
         except Exception:  # reported again when the main process times it
             failures += 1
     return failures
 
 
-def compile_key(name: str, m: int, cfg: sg.SkinnyConfig) -> tuple:
+def compile_key(name: str, m: int, cfg: sg.SkinnyConfig, fp8: bool) -> tuple:
     """What Triton specializes a launch on here (constexprs, M == 1, M % 16, reduce mode)."""
     _, k, has_bias = SHAPES[name]
     split = sg.num_splits(k, cfg.block_k, cfg.split_k)[0] > 1
     reduce = cfg.reduce if split else "none"
-    shape = (sg.m_pad(m, cfg.method), m == 1, m % 16 == 0, has_bias, k % cfg.block_k == 0)
+    shape = (sg.m_pad(m, cfg.method), m == 1, m % 16 == 0, has_bias, k % cfg.block_k == 0, fp8)
     return (*astuple(replace(cfg, split_k=1, reduce=reduce)), *shape)
 
 
-def precompile(points: list[tuple[str, int, sg.SkinnyConfig]]) -> None:
+def precompile(points: list[tuple[str, int, sg.SkinnyConfig, bool]]) -> None:
     """Compile each distinct launch once, in parallel worker processes (Triton's disk cache is
     shared), so that the timing loop only loads kernels."""
     started = time.time()
@@ -235,16 +252,17 @@ def sweep_point(problem: Problem, x: torch.Tensor, sms: int, repeats: int) -> di
 
 
 def sweep(args, names: list[str], ms: list[int], sms: int, started: float) -> dict:
-    plan = [(name, m, cfg) for name in names for m in ms
+    plan = [(name, m, cfg, args.fp8) for name in names for m in ms
             for cfg in tile_candidates(m, *SHAPES[name][:2], sms)]  # fmt: skip
-    plan += [(name, m, replace(cfg, split_k=s)) for name, m, cfg in plan for s in (1, 2)]
+    plan += [(name, m, replace(cfg, split_k=s), fp8) for name, m, cfg, fp8 in plan
+             for s in (1, 2)]  # fmt: skip
     precompile(plan)
     results: dict = {}
     for name in names:
         if time.time() - started > args.budget_s:
             print(f"time budget spent: skipping {name}", flush=True)
             continue
-        problem = make_problem(name)
+        problem = make_problem(name, args.fp8)
         for m in ms:
             x = torch.randn(m, problem.k, device=DEVICE, dtype=DTYPE)
             point = {"name": name, "m": m}
@@ -261,9 +279,10 @@ def sweep(args, names: list[str], ms: list[int], sms: int, started: float) -> di
     return results
 
 
-def table_entries(results: dict) -> str:
-    """Lines to paste into skinny_gemm.CONFIGS."""
-    lines = ["CONFIGS: dict[tuple[int, int, int], SkinnyConfig] = {"]
+def table_entries(results: dict, fp8: bool = False) -> str:
+    """Lines to paste into skinny_gemm.CONFIGS (FP8_CONFIGS with --fp8)."""
+    table = "FP8_CONFIGS" if fp8 else "CONFIGS"
+    lines = [f"{table}: dict[tuple[int, int, int], SkinnyConfig] = {{"]
     for point in results.values():
         if "best" not in point:
             continue
@@ -280,12 +299,13 @@ def table_entries(results: dict) -> str:
 def bench(args, names: list[str], ms: list[int]) -> list[dict]:
     rows = []
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    w_bytes = 1 if args.fp8 else 2
     for name in names:
-        problem = make_problem(name)
+        problem = make_problem(name, args.fp8)
         for m in ms:
             x = torch.randn(m, problem.k, device=DEVICE, dtype=DTYPE)
-            cfg = sg.choose_config(m, problem.n, problem.k, sms)
-            tabled = cfg != sg.default_config(m, problem.n, problem.k, sms)
+            cfg = sg.choose_config(m, problem.n, problem.k, sms, args.fp8)
+            tabled = cfg != sg.default_config(m, problem.n, problem.k, sms, w_bytes)
             row = {"name": name, "m": m, "n": problem.n, "k": problem.k, "config": asdict(cfg),
                    "from_table": tabled}  # fmt: skip
             row.update(check(problem, x, None))
@@ -299,6 +319,20 @@ def bench(args, names: list[str], ms: list[int]) -> list[dict]:
         del problem
         torch.cuda.empty_cache()
     return rows
+
+
+def crossover_entries(rows: list[dict]) -> str:
+    """Lines to paste into fp8_gemm.W8A16_MAX_M: per shape, the largest M measured at which
+    W8A16 beat the W8A8 path (0: it never did)."""
+    best: dict[tuple[int, int], int] = {}
+    for row in rows:
+        key = (row["n"], row["k"])
+        best.setdefault(key, 0)
+        if row.get("ours_us", math.inf) < row.get("cublas_us", 0):
+            best[key] = max(best[key], row["m"])
+    lines = ["W8A16_MAX_M: dict[tuple[int, int], int] = {"]
+    lines += [f"    ({n}, {k}): {m}," for (n, k), m in best.items()]
+    return "\n".join([*lines, "}"])
 
 
 def copy_tbps(repeats: int) -> float:
@@ -320,6 +354,7 @@ def select(spec: str | None, names: list[str]) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", action="store_true", help="time a grid of tile configs")
+    parser.add_argument("--fp8", action="store_true", help="FP8 W (W8A16) against W8A8")
     parser.add_argument("--shapes", help="comma-separated shape names or prefixes")
     parser.add_argument("--m", help="comma-separated M values")
     parser.add_argument("--repeats", type=int, default=5)
@@ -341,18 +376,23 @@ def main() -> int:
     props = torch.cuda.get_device_properties(0)
     results: dict = {"device": f"{props.name}, {props.multi_processor_count} SMs",
                      "triton": triton.__version__, "torch": torch.__version__, "shapes": {n: SHAPES[n] for n in names},
-                     "m": ms, "table": {str(k): asdict(v) for k, v in sg.CONFIGS.items()}}  # fmt: skip
+                     "m": ms, "fp8": args.fp8,
+                     "table": {str(k): asdict(v) for k, v in
+                               (sg.FP8_CONFIGS if args.fp8 else sg.CONFIGS).items()}}  # fmt: skip
     failed = False
     try:
         results["copy_TBps"] = copy_tbps(args.repeats)
         print(f"device copy {results['copy_TBps']:.2f} TB/s (read + write)", flush=True)
         if args.sweep:
             results["sweep"] = sweep(args, names, ms, props.multi_processor_count, started)
-            results["table_entries"] = table_entries(results["sweep"])
+            results["table_entries"] = table_entries(results["sweep"], args.fp8)
             print("\n" + results["table_entries"])
         else:
             results["rows"] = bench(args, names, ms)
             failed = not all(r["check_ok"] for r in results["rows"])
+            if args.fp8:
+                results["crossover_entries"] = crossover_entries(results["rows"])
+                print("\n" + results["crossover_entries"])
             met = [r for r in results["rows"] if r.get("ours_TBps", 0) >= GOAL_TBPS]
             beat = [
                 r for r in results["rows"] if r.get("ours_us", math.inf) < r.get("cublas_us", 0)

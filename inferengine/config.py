@@ -16,6 +16,9 @@ LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flex")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 MODEL_IMPLS = ("auto", "native", "transformers")
+# vLLM's --kv-cache-dtype names: fp8 is fp8_e4m3 (kernels/kv_quant.py maps them to torch dtypes).
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+QUANTIZATIONS = ("none", "fp8")
 
 
 @dataclass
@@ -32,6 +35,10 @@ class ModelConfig:
     generation_config: dict[str, Any] = field(default_factory=dict)
     # auto: native when registered, else Transformers' modeling code; native; transformers
     model_impl: str = "auto"
+    # "fp8" (weights FP8 with per-channel scales, activations per token), or None
+    quantization: str | None = None
+    # A GGUF's Q4_0/Q4_1/Q4_K weights run 4-bit on the CPU unless this is set (then dequantized)
+    gguf_dequantize: bool = False
 
     @property
     def architecture(self) -> str:
@@ -72,6 +79,8 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     num_gpu_blocks_override: int | None = None
     kv_offloading_size: float | None = None  # GiB of host memory for the CPU tier, all ranks
+    # auto: the model's dtype; fp8 / fp8_e4m3 / fp8_e5m2: pages of one byte per element.
+    cache_dtype: str = "auto"
     # Set at start-up from the memory measurement.
     num_blocks: int = 0
     num_host_blocks: int = 0
@@ -80,6 +89,11 @@ class CacheConfig:
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ConfigError(
                 f"--block-size must be one of 8, 16, 32, 64, 128; got {self.block_size}."
+            )
+        if self.cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got "
+                f"{self.cache_dtype!r}."
             )
         if self.kv_offloading_size is not None and self.kv_offloading_size < 0:
             raise ConfigError(
@@ -117,14 +131,24 @@ class SchedulerConfig:
 class ParallelConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # Engine replicas behind one server, placed by Ray (`inferengine/dp/`); each replica is
+    # split tensor_parallel_size x pipeline_parallel_size ways. `world_size` is one replica's.
+    data_parallel_size: int = 1
+    ray_address: str | None = None  # None: a local Ray started on demand
 
     def __post_init__(self) -> None:
         for flag, size in (
             ("--tensor-parallel-size", self.tensor_parallel_size),
             ("--pipeline-parallel-size", self.pipeline_parallel_size),
+            ("--data-parallel-size", self.data_parallel_size),
         ):
             if size < 1:
                 raise ConfigError(f"{flag} must be at least 1, got {size}.")
+        if self.ray_address and self.data_parallel_size == 1:
+            raise ConfigError(
+                "--ray-address places data-parallel replicas: give --data-parallel-size 2 or "
+                "more, or drop --ray-address."
+            )
 
     @property
     def world_size(self) -> int:

@@ -50,3 +50,16 @@ def use_pdl() -> bool:
     """Launch Triton kernels with programmatic dependent launch on Hopper and later
     (`INFERENGINE_PDL=0` turns it off, for comparisons)."""
     return os.environ.get("INFERENGINE_PDL", "1") != "0"
+
+
+def replica_env() -> dict[str, str]:
+    """The variables a data-parallel replica on another Ray node must see as this process does:
+    ours (`INFERENGINE_*`), the hub's (`HF_*`) and Triton's interpreter switch."""
+    forwarded = ("INFERENGINE_", "HF_", "TRITON_INTERPRET")
+    return {k: v for k, v in os.environ.items() if k.startswith(forwarded)}
+
+
+def omp_num_threads() -> str | None:
+    """`OMP_NUM_THREADS` as the user set it (torch reads it too): when set, the engine leaves
+    torch's CPU thread count alone."""
+    return os.environ.get("OMP_NUM_THREADS")

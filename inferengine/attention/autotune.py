@@ -21,6 +21,7 @@ import torch
 
 from inferengine.attention.backends.base import AttentionBackend, AttentionSpec
 from inferengine.attention.metadata import AttentionMetadata
+from inferengine.kernels.kv_quant import quantize
 from inferengine.logger import init_logger
 
 logger = init_logger(__name__)
@@ -36,16 +37,22 @@ class AttentionShape:
     block_size: int
     dtype: torch.dtype
     sliding_window: int | None = None
+    kv_cache_dtype: torch.dtype | None = None  # None: `dtype`
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        return self.kv_cache_dtype or self.dtype
 
     def key(self, device: torch.device) -> str:
         if device.type == "cuda":
             where = torch.cuda.get_device_name(device)
         else:
             where = device.type
+        kv = "" if self.cache_dtype == self.dtype else f"|kv {self.cache_dtype}"
         return (
             f"{where}|torch {torch.__version__}|{str(self.dtype).removeprefix('torch.')}|"
             f"heads {self.num_heads}/{self.num_kv_heads}x{self.head_dim}|"
-            f"page {self.block_size}|window {self.sliding_window}"
+            f"page {self.block_size}|window {self.sliding_window}{kv}"
         )
 
 
@@ -110,7 +117,7 @@ def _step(
         q.to(**as_device),
         kv[0].to(**as_device),
         kv[1].to(**as_device),
-        cache.to(**as_device),
+        quantize(cache, 1.0, shape.cache_dtype).to(device),
         metadata,
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,6 +31,10 @@ class Attention(nn.Module):
         self.spec = AttentionSpec(
             num_heads, num_kv_heads, head_dim, scale, sliding_window, logits_soft_cap or None
         )
+
+    def set_kv_scales(self, k_scale: float, v_scale: float) -> None:
+        """The checkpoint's fp8 KV cache scales for this layer (default 1.0)."""
+        self.spec = dataclasses.replace(self.spec, k_scale=k_scale, v_scale=v_scale)
 
     def forward(
         self,

@@ -26,11 +26,26 @@ def _triton_usable(device: str) -> bool:
 def triton_unsupported_reason(shape: AttentionShape) -> str | None:
     """Why the Triton kernels cannot run this model's attention (None: they can). Checked at
     start-up so an unsupported shape takes the torch path, never an error mid-request."""
+    from inferengine.kernels.kv_quant import is_fp8
     from inferengine.kernels.paged_attention import supports_head_dim
 
     if not supports_head_dim(shape.head_dim):
         return f"head dim {shape.head_dim} is above the Triton kernels' 256"
+    if is_fp8(shape.cache_dtype) and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        if (major, minor) < (8, 9):
+            return (
+                f"Triton converts fp8 KV pages on compute capability 8.9 or later (Ada, "
+                f"Hopper); this GPU is {major}.{minor}"
+            )
     return None
+
+
+def _flex_reads(device: str, shape: AttentionShape | None) -> bool:
+    """Flex on CUDA would dequantize the whole fp8 cache in every layer: not offered."""
+    from inferengine.kernels.kv_quant import is_fp8
+
+    return not (device == "cuda" and shape is not None and is_fp8(shape.cache_dtype))
 
 
 def _torch() -> AttentionBackend:
@@ -66,7 +81,7 @@ def usable_backends(
     if _triton_usable(device) and triton_unsupported_reason(shape) is None:
         backends["triton"] = _triton
     backends["torch"] = _torch
-    if flex_available():
+    if flex_available() and _flex_reads(device, shape):
         backends["flex"] = _flex
     return backends
 
@@ -95,6 +110,11 @@ def get_attention_backend(
         raise ConfigError(
             f"--attention-backend triton cannot run this model: {why_not}. Use "
             "--attention-backend auto (the torch reference) or flex."
+        )
+    if name == "flex" and not _flex_reads(device, shape):
+        raise ConfigError(
+            "--attention-backend flex cannot read an fp8 KV cache on CUDA; use "
+            "--attention-backend triton or auto, or --kv-cache-dtype auto."
         )
     return {"torch": _torch, "triton": _triton, "flex": _flex}[name]()
 

@@ -19,6 +19,7 @@ from inferengine import envs
 from inferengine.config import (
     ATTENTION_BACKENDS,
     DTYPES,
+    KV_CACHE_DTYPES,
     LOAD_FORMATS,
     MODEL_IMPLS,
     SCHEDULING_POLICIES,
@@ -29,6 +30,7 @@ from inferengine.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
+from inferengine.engine.arg_help import ENGINE_HELP
 from inferengine.errors import ConfigError, InvalidRequestError
 from inferengine.logger import init_logger
 
@@ -36,50 +38,6 @@ logger = init_logger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32"}
-_HELP = {
-    "model": "model: an alias (smollm2-135m-instruct), a local folder, a .gguf file or a hub id",
-    "tokenizer": "tokenizer folder or hub id (default: the model's)",
-    "revision": "the hub commit, branch or tag of a hub-id model (not for local models)",
-    "dtype": "weights and activations dtype; auto = bfloat16 on CUDA, float32 on CPU",
-    "max_model_len": "longest prompt + output, in tokens (default: the model's context length)",
-    "max_num_seqs": "most requests in one step",
-    "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes)",
-    "enable_prefix_caching": "reuse the KV pages of shared prompt prefixes",
-    "gpu_memory_utilization": "fraction of GPU memory for weights, activations and KV cache "
-    "(CUDA only)",
-    "kv_cache_memory": "bytes for the KV cache, e.g. 2GiB (default on CPU: 0.3 of the memory "
-    "available after loading the weights, leaving at least 1GiB)",
-    "block_size": "tokens per KV page",
-    "seed": "seed for weights (dummy), and for requests without their own seed",
-    "generation_config": "defaults for the sampling fields a request leaves unset (temperature, "
-    "top_p, top_k, min_p, repetition_penalty, and max_new_tokens as max_tokens): auto = the "
-    "model folder's generation_config.json; vllm = ignore it (temperature 1.0, top_p 1.0, ...); "
-    "or a folder whose generation_config.json to take them from. The default model's folder "
-    "carries its model card's values (temperature 0.2, top_p 0.9)",
-    "load_format": "weights: auto (safetensors or GGUF), or dummy (random, for benchmarks)",
-    "model_impl": "auto: our own model code when the architecture has it, else Transformers' "
-    "modeling code on our paged attention; native: ours only; transformers: always Transformers'",
-    "device": "auto, cuda or cpu",
-    "attention_backend": "attention implementation (auto: triton on CUDA, torch elsewhere)",
-    "attention_backend_benchmark": "with --attention-backend auto: time the usable backends on "
-    "the model's shape at start-up and keep the fastest (remembered per device and shape)",
-    "enforce_eager": "no CUDA graphs",
-    "long_prefill_token_threshold": "cap on one request's prefill chunk per step (0: none)",
-    "scheduling_policy": "fcfs, or priority (lower `priority` value first)",
-    "tensor_parallel_size": "ranks (GPUs, or CPU processes) that split each layer; one "
-    "process each (NCCL on GPU, gloo on CPU)",
-    "pipeline_parallel_size": "pipeline stages, each running a share of the layers on its own "
-    "ranks (combines with --tensor-parallel-size)",
-    "kv_offloading_size": "GiB of host memory for a CPU tier of the KV cache (summed over "
-    "ranks): pages evicted from the GPU are kept there and loaded back on a prefix hit",
-    "num_gpu_blocks_override": "KV pages to allocate instead of the measured number (testing)",
-    "max_waiting_requests": "serve only: requests that may wait beyond --max-num-seqs before "
-    "new ones get 503 (default: unbounded)",
-    "served_model_name": "the model name clients send and see (default: --model)",
-    "speculative_config": 'speculative decoding as JSON, e.g. \'{"method": "ngram", '
-    '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}\'',
-    "async_scheduling": "schedule the next step while the GPU runs this one",
-}
 
 
 @dataclass
@@ -95,10 +53,13 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     kv_cache_memory: int | None = None
     block_size: int = 16
+    kv_cache_dtype: str = "auto"
     seed: int = 0
     generation_config: str = "auto"
     load_format: str = "auto"
     model_impl: str = "auto"
+    quantization: str | None = None
+    gguf_dequantize: bool = False
     device: str = "auto"
     attention_backend: str = "auto"
     attention_backend_benchmark: bool = False
@@ -107,6 +68,8 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    ray_address: str | None = None
     num_gpu_blocks_override: int | None = None
     kv_offloading_size: float | None = None
     max_waiting_requests: int | None = None
@@ -118,23 +81,37 @@ class EngineArgs:
         from inferengine.model.loader.resolve import resolve_model
 
         # Checked before the model is resolved (which may download it).
-        parallel_config = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size)
+        parallel_config = ParallelConfig(
+            self.tensor_parallel_size,
+            self.pipeline_parallel_size,
+            self.data_parallel_size,
+            self.ray_address,
+        )
         _check_revision(self.model, self.revision)
         dtype_name = _DTYPE_ALIASES.get(self.dtype, self.dtype)
         if dtype_name not in DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}.")
         device = _resolve_device(self.device)
-        if dtype_name == "auto":
-            dtype_name = "bfloat16" if device == "cuda" else "float32"
         if self.model_impl not in MODEL_IMPLS:
             raise ConfigError(
                 f"--model-impl must be one of {', '.join(MODEL_IMPLS)}; got {self.model_impl!r}."
             )
         resolved = resolve_model(self.model, self.load_format, self.revision)
+        if dtype_name == "auto":
+            dtype_name = _auto_dtype(device, resolved.path)
         hf, native = _model_implementation(resolved.hf_config, self.model_impl)
+        from inferengine.model.quantization.formats import resolve_quantization
+
+        quantization = resolve_quantization(self.quantization, hf, native)
         max_model_len = self.max_model_len or _context_len(hf)
         if max_model_len < 1:
             raise ConfigError(f"--max-model-len must be at least 1, got {max_model_len}.")
+        if max_model_len > _context_len(hf):
+            raise ConfigError(
+                f"--max-model-len {max_model_len} is longer than the model's context "
+                f"({_context_len(hf)} positions, max_position_embeddings in its config.json): "
+                "its position table ends there; lower --max-model-len or leave it out."
+            )
         budget = self.max_num_batched_tokens or (8192 if device == "cuda" else 2048)
         speculative = _speculative_config(self.speculative_config)
         model_config = ModelConfig(
@@ -151,6 +128,8 @@ class EngineArgs:
                 resolved.generation_config, self.generation_config, resolved.path
             ),
             model_impl=self.model_impl,
+            quantization=quantization,
+            gguf_dequantize=self.gguf_dequantize,
         )
         if not native:
             _check_fallback(parallel_config, device, self.enforce_eager)
@@ -169,6 +148,7 @@ class EngineArgs:
                 enable_prefix_caching=self.enable_prefix_caching,
                 num_gpu_blocks_override=self.num_gpu_blocks_override,
                 kv_offloading_size=self.kv_offloading_size,
+                cache_dtype=self.kv_cache_dtype,
             ),
             scheduler_config=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,
@@ -200,11 +180,12 @@ class EngineArgs:
             "attention_backend": ATTENTION_BACKENDS,
             "scheduling_policy": SCHEDULING_POLICIES,
             "device": ("auto", "cuda", "cpu"),
+            "kv_cache_dtype": KV_CACHE_DTYPES,
         }
         for f in fields(cls):
             default = _env_default(f) if envs.cli_default(f.name) is not None else f.default
             flag = "--" + f.name.replace("_", "-")
-            help_text = _HELP.get(f.name, "")
+            help_text = ENGINE_HELP.get(f.name, "")
             if f.name == "model" and model_positional:
                 parser.add_argument("model", nargs="?", default=default, help=help_text)
                 continue
@@ -377,6 +358,18 @@ def _check_revision(model: str, revision: str | None) -> None:
             f"--revision {revision} applies to a Hugging Face hub id, but {model!r} is a local "
             "model (a folder, a .gguf file or an alias). Drop --revision, or name the hub id."
         )
+
+
+def _auto_dtype(device: str, model_path: Path) -> str:
+    """bfloat16 on CUDA; on the CPU for a quantized GGUF (its weights are 4 to 8 bits already,
+    so float32 is no closer to them) where the CPU computes bf16 natively; float32 otherwise
+    (Transformers' reference precision for Hugging Face checkpoints)."""
+    if device == "cuda":
+        return "bfloat16"
+    from inferengine.model.loader.gguf_source import stores_quantized_weights
+    from inferengine.worker.cpu_env import native_bf16
+
+    return "bfloat16" if native_bf16() and stores_quantized_weights(model_path) else "float32"
 
 
 def _resolve_device(device: str) -> str:

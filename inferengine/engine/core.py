@@ -124,8 +124,9 @@ class EngineCore:
                 f"give the cache more memory with {flag}."
             )
         logger.info(
-            "KV cache: %d pages of %d tokens (%d tokens); up to %.1f requests of "
+            "KV cache (%s): %d pages of %d tokens (%d tokens); up to %.1f requests of "
             "max_model_len=%d at once",
+            cc.cache_dtype,
             num_blocks - 1,
             cc.block_size,
             usable_tokens,

@@ -2,8 +2,9 @@
 engine's CPU tier (over host memory, on one machine), where a request with that prefix finds
 and loads them like any other CPU-tier hit. Disaggregated prefill and decode build on this.
 
-A bundle names the model it came from (path, architecture, KV shape, dtype, page size): the
-hashes cover token ids only, so a bundle is refused by an engine running anything else.
+A bundle names the model it came from (path, architecture, KV shape, dtype, KV cache dtype, page
+size): the hashes cover token ids only, so a bundle is refused by an engine running anything
+else. An fp8 cache's pages travel as stored (fp8, with the same model's scales on both sides).
 """
 
 from __future__ import annotations
@@ -34,7 +35,11 @@ class KVBundle:
 
 def _fingerprint(core: EngineCore) -> tuple:
     m, cc = core.config.model_config, core.config.cache_config
-    return (m.model_path, m.architecture, m.num_kv_heads, m.head_dim, m.dtype, cc.block_size)
+    cache_dtype = "fp8_e4m3" if cc.cache_dtype == "fp8" else cc.cache_dtype  # one storage
+    return (
+        m.model_path, m.architecture, m.num_kv_heads, m.head_dim, m.dtype, cache_dtype,
+        cc.block_size,
+    )  # fmt: skip
 
 
 def _check_idle(core: EngineCore, what: str) -> None:

@@ -125,8 +125,10 @@ def _start(config: EngineConfig, rank: int, init_method: str):
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
     else:
+        from inferengine.worker.cpu_env import configure_threads
+
         device = torch.device("cpu")
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // pc.world_size))
+        configure_threads(pc.world_size)
     init_distributed(rank, pc.tensor_parallel_size, pc.pipeline_parallel_size, init_method, device)
     return Worker(config, rank)
 

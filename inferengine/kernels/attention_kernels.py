@@ -79,9 +79,10 @@ def _attend_kv_tile(
         v = tl.load(v_head_ptr + kv_off, mask=kv_mask, other=0.0)
     else:
         v = tl.load(v_head_ptr + kv_off)
+    # An fp8 cache's tiles become q's dtype (exactly); their scales are applied by the caller.
     return _softmax_step(
-        acc, l_i, m_i, q, k, v, pos, q_pos, sliding_window, qk_scale, softcap_scale,
-        MASKED, USE_WINDOW, DOT_PRECISION, SOFTCAP,
+        acc, l_i, m_i, q, k.to(q.dtype), v.to(q.dtype), pos, q_pos, sliding_window, qk_scale,
+        softcap_scale, MASKED, USE_WINDOW, DOT_PRECISION, SOFTCAP,
     )  # fmt: skip
 
 
@@ -172,6 +173,7 @@ def paged_attention_kernel(
     min_q_len,
     qk_scale,
     softcap_scale,
+    v_scale,
     sliding_window,
     stride_qt,
     stride_qh,
@@ -202,6 +204,7 @@ def paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     FRESH: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    KV_QUANT: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Grid (query-head tiles, query tiles, splits). SEQ_PER_PROGRAM: tile i is sequence i
@@ -211,7 +214,8 @@ def paged_attention_kernel(
     (sequence, head tile) to finish merges the partials (counters start and end at zero).
     FRESH (prefill path, one split, no window): the keys of this step's tokens come from the
     fresh_k/fresh_v [T, Hkv, D] (each with its own row and head strides) instead of the
-    pages (1: pointers, 2: TMA)."""
+    pages (1: pointers, 2: TMA). KV_QUANT: the pages are fp8, V scaled by 1 / v_scale (K's
+    scale is folded into qk_scale and softcap_scale)."""
     pdl_enter(USE_PDL)
     head_tile = tl.program_id(0)
     pid = tl.program_id(1)
@@ -343,6 +347,8 @@ def paged_attention_kernel(
             )  # fmt: skip
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    if KV_QUANT:
+        out = out * v_scale
     if not SPLIT_OUTPUT:
         o_off = (q_start + q_idx)[:, None].to(tl.int64) * stride_ot + q_head[:, None] * stride_oh
         tl.store(out_ptr + o_off + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_mask)

@@ -23,13 +23,18 @@ def store_kv_kernel(
     stride_cb,
     stride_ct,
     stride_ch,
+    k_scale,
+    v_scale,
+    QUANT: tl.constexpr,
+    FP8_MAX: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     HEADS_PER_PROGRAM: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """Grid (tokens, head groups): copy HEADS_PER_PROGRAM heads of one token's K and V."""
+    """Grid (tokens, head groups): copy HEADS_PER_PROGRAM heads of one token's K and V
+    (QUANT: into an fp8 cache, see `_quantize`)."""
     pdl_enter(USE_PDL)
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token)
@@ -52,8 +57,18 @@ def store_kv_kernel(
         + offs_d[None, :]
     )
     dtype = kv_cache_ptr.dtype.element_ty
-    tl.store(kv_cache_ptr + cache_off, key.to(dtype), mask=mask)
-    tl.store(kv_cache_ptr + stride_cache_kv + cache_off, value.to(dtype), mask=mask)
+    key = _quantize(key, k_scale, dtype, QUANT, FP8_MAX)
+    value = _quantize(value, v_scale, dtype, QUANT, FP8_MAX)
+    tl.store(kv_cache_ptr + cache_off, key, mask=mask)
+    tl.store(kv_cache_ptr + stride_cache_kv + cache_off, value, mask=mask)
+
+
+@triton.jit
+def _quantize(x, scale, dtype, QUANT: tl.constexpr, FP8_MAX: tl.constexpr):
+    """`x` as the cache stores it: clamp(x / scale, ±FP8_MAX) in fp8 with QUANT, else cast."""
+    if QUANT:
+        x = tl.minimum(tl.maximum(x.to(tl.float32) / scale, -FP8_MAX), FP8_MAX)
+    return x.to(dtype)
 
 
 @triton.jit
@@ -185,6 +200,10 @@ def rotary_store_kv_kernel(
     stride_cb,
     stride_ct,
     stride_ch,
+    k_scale,
+    v_scale,
+    QUANT: tl.constexpr,
+    FP8_MAX: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HALF: tl.constexpr,
     Q_HEADS_PAD: tl.constexpr,
@@ -228,10 +247,12 @@ def rotary_store_kv_kernel(
         # Rounded to the key's dtype first, as the unfused rotary kernel does.
         tl.store(k_ptrs, r1, mask=mask)
         tl.store(k_ptrs + HALF, r2, mask=mask)
-        tl.store(cache_ptrs, r1.to(dtype), mask=mask)
-        tl.store(cache_ptrs + HALF, r2.to(dtype), mask=mask)
-        tl.store(cache_ptrs + stride_cache_kv, v1.to(dtype), mask=mask)
-        tl.store(cache_ptrs + stride_cache_kv + HALF, v2.to(dtype), mask=mask)
+        tl.store(cache_ptrs, _quantize(r1, k_scale, dtype, QUANT, FP8_MAX), mask=mask)
+        tl.store(cache_ptrs + HALF, _quantize(r2, k_scale, dtype, QUANT, FP8_MAX), mask=mask)
+        v1 = _quantize(v1, v_scale, dtype, QUANT, FP8_MAX)
+        v2 = _quantize(v2, v_scale, dtype, QUANT, FP8_MAX)
+        tl.store(cache_ptrs + stride_cache_kv, v1, mask=mask)
+        tl.store(cache_ptrs + stride_cache_kv + HALF, v2, mask=mask)
 
 
 @triton.jit

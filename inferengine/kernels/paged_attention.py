@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inferengine.kernels.kv_quant import dequantize, is_fp8
 from inferengine.kernels.triton_utils import (
     arrival_counters,
     device_sms,
@@ -101,6 +102,8 @@ def paged_attention(
     fresh_key: torch.Tensor | None = None,
     fresh_value: torch.Tensor | None = None,
     fresh_tma: bool | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of `q` [T, Hq, D] (B sequences laid end to end) over the paged cache
     `kv_cache` [2, num_blocks, block_size, Hkv, D]. The queries of sequence i are its last
@@ -114,7 +117,12 @@ def paged_attention(
     the cache (views into the fused QKV output, or a tensor of its own such as normed keys;
     each may have its own strides). With them, prefill tiles read the chunk's own keys from
     these rows (TMA loads on Hopper, `fresh_tma` overrides) and only the context before the
-    chunk through the block table."""
+    chunk through the block table.
+
+    An fp8 `kv_cache` holds K / k_scale and V / v_scale (`kv_quant`): tiles are converted to
+    q's dtype as loaded, k_scale folds into the score scale and v_scale into the output. Every
+    key then comes from the pages (fresh K/V are ignored), so a prefix hit and a fresh prompt
+    see the same quantized keys."""
     from inferengine.kernels.attention_kernels import merge_splits_kernel, paged_attention_kernel
 
     num_tokens, num_q_heads, head_dim = q.shape
@@ -122,7 +130,11 @@ def paged_attention(
     num_seqs = query_start_loc.shape[0] - 1
     group = num_q_heads // num_kv_heads
     assert num_q_heads == group * num_kv_heads, "query heads must be a multiple of KV heads"
-    assert kv_cache.dtype == q.dtype, "the KV cache must have the query dtype"
+    quant = is_fp8(kv_cache.dtype)
+    assert quant or kv_cache.dtype == q.dtype, "the KV cache must be fp8 or have the query dtype"
+    if quant:
+        scale *= k_scale
+        fresh_key = fresh_value = None
     assert q.stride(2) == 1 and kv_cache.stride(4) == 1 and block_table.stride(1) == 1
     if out is None:
         out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
@@ -150,6 +162,7 @@ def paged_attention(
         # With a soft cap the kernel takes tanh(q·k · scale / cap) and scales that by cap.
         qk_scale=(soft_cap if soft_cap else scale) * LOG2E,
         softcap_scale=scale / soft_cap if soft_cap else 1.0,
+        v_scale=v_scale if quant else 1.0,
         sliding_window=sliding_window or 0,
         stride_qt=q.stride(0),
         stride_qh=q.stride(1),
@@ -166,6 +179,7 @@ def paged_attention(
         BLOCK_SIZE=block_size,
         USE_WINDOW=sliding_window is not None,
         SOFTCAP=bool(soft_cap),
+        KV_QUANT=quant,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
 
@@ -319,10 +333,12 @@ def paged_attention_ref(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     out: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """Torch reference of `paged_attention`: gather each sequence's pages, causal softmax in
-    float32 (scores soft-capped first with `soft_cap`). Syncs with the host; for tests and the
-    CPU path."""
+    """Torch reference of `paged_attention`: gather each sequence's pages (an fp8 cache's
+    dequantized), causal softmax in float32 (scores soft-capped first with `soft_cap`). Syncs
+    with the host; for tests and the CPU path."""
     num_tokens, num_q_heads, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = num_q_heads // num_kv_heads
@@ -336,8 +352,9 @@ def paged_attention_ref(
         if q_len == 0:
             continue
         blocks = block_table[i, : -(-seq_len // block_size)].long()
-        k = kv_cache[0, blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
-        v = kv_cache[1, blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
+        k = kv_cache[0, blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
+        v = kv_cache[1, blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
+        k, v = dequantize(k, k_scale, torch.float32), dequantize(v, v_scale, torch.float32)
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[q_begin:q_end].float(), k) * scale

@@ -1,7 +1,8 @@
 """Skinny GEMM y = x @ Wᵀ (+ bias) for decode-sized M ≤ 32: Triton wrapper, config table, reference.
 
 Decode's linears are bound by reading W once; each program streams a [BLOCK_N, K-split] slab of W
-and multiplies it by all of x. Hot path and CUDA-graph safe: launch shapes come from tensor
+and multiplies it by all of x. W may also be FP8 with a float32 scale per output row (W8A16: half
+the bytes to read; dequantized in registers), with its own config table. Hot path and CUDA-graph safe: launch shapes come from tensor
 shapes and the fixed config table, never from device values. Add nothing here that syncs.
 """
 
@@ -100,6 +101,11 @@ CONFIGS: dict[tuple[int, int, int], SkinnyConfig] = {
 }
 
 
+# The same for FP8 weights (W8A16), keyed alike; filled from an H100 sweep
+# (`benchmarks/skinny_gemm.py --sweep --fp8`). Until then `default_config` decides.
+FP8_CONFIGS: dict[tuple[int, int, int], SkinnyConfig] = {}
+
+
 def m_bucket(m: int) -> int:
     """The config table's M key: the next power of two (1, 2, 4, 8, 16, 32)."""
     return next_power_of_2(m)
@@ -117,48 +123,55 @@ def num_splits(k: int, block_k: int, split_k: int) -> tuple[int, int]:
     return -(-k_tiles // tiles_per_split), tiles_per_split * block_k
 
 
-def programs_per_sm(cfg: SkinnyConfig, m: int) -> int:
+def programs_per_sm(cfg: SkinnyConfig, m: int, w_bytes: int = 2) -> int:
     """Programs an SM holds at once, as the shared memory of the load pipeline allows (W and x
-    tiles per stage; 228 KiB per SM as on H100). FMA configs use registers only: about 4."""
+    tiles per stage; 228 KiB per SM as on H100). FMA configs use registers only: about 4.
+    `w_bytes`: bytes per weight (2, or 1 for FP8); x is 16-bit."""
     if cfg.method == "fma":
         return 4
-    tile_bytes = (cfg.block_n + m_pad(m, cfg.method)) * cfg.block_k * 2
+    tile_bytes = (cfg.block_n * w_bytes + m_pad(m, cfg.method) * 2) * cfg.block_k
     return max(1, min(8, SMEM_PER_SM // (cfg.num_stages * tile_bytes + 1024)))
 
 
-def wave_split(cfg: SkinnyConfig, m: int, n: int, k: int, sms: int) -> int:
+def wave_split(cfg: SkinnyConfig, m: int, n: int, k: int, sms: int, w_bytes: int = 2) -> int:
     """The most K-splits whose programs all run at once (no straggling second wave), keeping at
     least 4 K steps per split; 1 when the N tiles alone fill the GPU."""
     tiles = -(-n // cfg.block_n)
     k_tiles = -(-k // cfg.block_k)
-    return max(1, min(sms * programs_per_sm(cfg, m) // tiles, k_tiles // 4))
+    return max(1, min(sms * programs_per_sm(cfg, m, w_bytes) // tiles, k_tiles // 4))
 
 
-def default_config(m: int, n: int, k: int, sms: int) -> SkinnyConfig:
+def default_config(m: int, n: int, k: int, sms: int, w_bytes: int = 2) -> SkinnyConfig:
     """Heuristic for shapes outside the table: 64-row tiles on tensor cores with a 4-stage
-    pipeline (two programs per SM), K split to fill one wave."""
-    cfg = SkinnyConfig(64, 128, 1, num_warps=4, num_stages=4, method="dot")
-    return replace(cfg, split_k=wave_split(cfg, m, n, k, sms))
+    pipeline (two programs per SM), K split to fill one wave. FP8 weights at M <= 2 take the
+    FMA method, which every bf16 shape's M=1 entry chose."""
+    if w_bytes == 1 and m <= 2:
+        cfg = SkinnyConfig(4, 1024, 1, num_warps=4, num_stages=1, method="fma")
+    else:
+        cfg = SkinnyConfig(64, 128, 1, num_warps=4, num_stages=4, method="dot")
+    return replace(cfg, split_k=wave_split(cfg, m, n, k, sms, w_bytes))
 
 
-def choose_config(m: int, n: int, k: int, sms: int) -> SkinnyConfig:
+def choose_config(m: int, n: int, k: int, sms: int, fp8: bool = False) -> SkinnyConfig:
     """The table's entry for M's bucket, else for the nearest larger listed bucket (a config
     tuned for more rows also fits fewer), else `default_config`."""
+    table = FP8_CONFIGS if fp8 else CONFIGS
     bucket = m_bucket(m)
     while bucket <= MAX_M:
-        if (n, k, bucket) in CONFIGS:
-            return CONFIGS[(n, k, bucket)]
+        if (n, k, bucket) in table:
+            return table[(n, k, bucket)]
         bucket *= 2
-    return default_config(m, n, k, sms)
+    return default_config(m, n, k, sms, 1 if fp8 else 2)
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `skinny_linear` applies: CUDA, bf16/fp16, 1 <= M <= 32, dense last dims."""
+    """Whether `skinny_linear` applies: CUDA, bf16/fp16 x, W of x's dtype or FP8 (e4m3),
+    1 <= M <= 32, dense last dims."""
     return (
         x.is_cuda
         and weight.is_cuda
         and x.dtype in (torch.bfloat16, torch.float16)
-        and weight.dtype == x.dtype
+        and weight.dtype in (x.dtype, torch.float8_e4m3fn)
         and weight.dim() == 2
         and x.dim() >= 1
         and x.shape[-1] == weight.shape[1]
@@ -175,15 +188,22 @@ def skinny_linear(
     bias: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     config: SkinnyConfig | None = None,
+    weight_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [..., K] @ weight[N, K]ᵀ (+ bias [N]) -> [..., N] in x's dtype, as F.linear, fp32
     accumulation; at most 32 rows of x. `out` may be given (rows may be strided, last dim
-    dense); `config` overrides the table (benchmarks and tests)."""
+    dense); `config` overrides the table (benchmarks and tests). An FP8 `weight` needs
+    `weight_scale` (float32 [N]): y = x @ (weight * weight_scale[:, None])ᵀ."""
     from inferengine.kernels.skinny_gemm_kernels import skinny_gemm_kernel, skinny_reduce_kernel
 
     n, k = weight.shape
+    fp8 = weight.dtype == torch.float8_e4m3fn
     assert x.shape[-1] == k and weight.stride(1) == 1, "x [..., K] and weight [N, K], K dense"
-    assert x.dtype == weight.dtype and (bias is None or bias.shape == (n,))
+    assert (x.dtype == weight.dtype or fp8) and (bias is None or bias.shape == (n,))
+    assert (weight_scale is not None) == fp8, "an FP8 weight, and only one, takes a scale"
+    if weight_scale is not None:
+        assert weight_scale.dtype == torch.float32 and weight_scale.shape == (n,)
+        weight_scale = weight_scale.contiguous()
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -197,7 +217,7 @@ def skinny_linear(
         return out
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()
-    cfg = config or choose_config(m, n, k, device_sms(x))
+    cfg = config or choose_config(m, n, k, device_sms(x), fp8)
     method, pad = cfg.method, m_pad(m, cfg.method)
     x_in, w_in = x2, weight
     if method == "tma":
@@ -224,10 +244,10 @@ def skinny_linear(
         partials = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     bias_in = bias if bias is not None else out2
     skinny_gemm_kernel[(tiles, splits)](
-        x_in, w_in, bias_in, out2, partials, counters, m, n, k, k_per_split,
-        x2.stride(0), weight.stride(0), out2.stride(0),
+        x_in, w_in, out2 if weight_scale is None else weight_scale, bias_in, out2, partials,
+        counters, m, n, k, k_per_split, x2.stride(0), weight.stride(0), out2.stride(0),
         M_PAD=pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, METHOD=METHODS[method],
-        EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None, REDUCE=mode,
+        EVEN_K=k % cfg.block_k == 0, HAS_SCALE=fp8, HAS_BIAS=bias is not None, REDUCE=mode,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x),
     )  # fmt: skip
     if mode in (REDUCE_MODES["kernel"], REDUCE_MODES["atomic"]):
@@ -239,9 +259,14 @@ def skinny_linear(
 
 
 def skinny_linear_ref(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    weight_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Torch reference: F.linear in float32, rounded once to x's dtype."""
+    """Torch reference: F.linear in float32 (W dequantized when FP8), rounded once to x's
+    dtype."""
     fp32_bias = bias.float() if bias is not None else None
-    y = torch.nn.functional.linear(x.float(), weight.float(), fp32_bias)
+    w = weight.float() if weight_scale is None else weight.float() * weight_scale[:, None]
+    y = torch.nn.functional.linear(x.float(), w, fp32_bias)
     return y.to(x.dtype)

@@ -1,5 +1,6 @@
 """Triton kernels of the skinny GEMM y = x @ Wᵀ (+ bias) for decode-sized M; the wrapper, config
-table and torch reference live in skinny_gemm.py."""
+table and torch reference live in skinny_gemm.py. W may be FP8 with one scale per output row
+(W8A16): its tiles are converted to x's dtype in registers and the scale applied once per row."""
 
 import triton
 import triton.language as tl
@@ -48,7 +49,7 @@ def _dot_steps(
             in_k = (k + offs_k)[None, :] < K
             w = tl.load(w_ptrs, mask=in_k, other=0.0, eviction_policy="evict_first")
             x = tl.load(x_ptrs, mask=in_m & in_k, other=0.0)
-        acc = tl.dot(w, tl.trans(x), acc)
+        acc = tl.dot(w.to(x.dtype), tl.trans(x), acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     return acc
@@ -93,7 +94,7 @@ def _tma_steps(
     for k in range(k_start, k_end, BLOCK_K):
         w = w_desc.load([pid_n * BLOCK_N, k])
         x = x_desc.load([0, k])
-        acc = tl.dot(w, tl.trans(x), acc)
+        acc = tl.dot(w.to(x.dtype), tl.trans(x), acc)
     return acc
 
 
@@ -101,6 +102,7 @@ def _tma_steps(
 def skinny_gemm_kernel(
     x_in,
     w_in,
+    scale_ptr,
     bias_ptr,
     out_ptr,
     partial_ptr,
@@ -117,6 +119,7 @@ def skinny_gemm_kernel(
     BLOCK_K: tl.constexpr,
     METHOD: tl.constexpr,
     EVEN_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     REDUCE: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -127,7 +130,7 @@ def skinny_gemm_kernel(
     transposed, [BLOCK_N, M_PAD]: the weight tile is the MMA's wide operand. Pointer loads
     clamp weight rows past N onto row N-1 (no N mask); those rows are never stored. Split-K
     partials are always summed in split order, so results do not depend on timing, except
-    with ATOMIC.
+    with ATOMIC. With HAS_SCALE, W is FP8 and row n of the product is scaled by scale[n].
     """
     pdl_enter(USE_PDL)
     pid_n = tl.program_id(0)
@@ -149,6 +152,8 @@ def skinny_gemm_kernel(
             w_in, x_in, w_rows, offs_m, k_start, k_end, M, K, stride_wn, stride_xm,
             M_PAD, BLOCK_N, BLOCK_K, EVEN_K,
         )  # fmt: skip
+    if HAS_SCALE:
+        acc = acc * tl.load(scale_ptr + w_rows)[:, None]
 
     if REDUCE == NO_SPLIT:
         _store_output(out_ptr, bias_ptr, acc, offs_n, offs_m, M, N, stride_om, HAS_BIAS)

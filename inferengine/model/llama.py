@@ -23,6 +23,7 @@ from inferengine.distributed.parallel_state import (
     is_last_stage,
     pp_layer_range,
 )
+from inferengine.model.kv_scales import KVScales
 from inferengine.model.layers.activation import SiluAndMul
 from inferengine.model.layers.linear import (
     MergedColumnParallelLinear,
@@ -349,13 +350,15 @@ class LlamaForCausalLM(nn.Module):
                 ("lm_head.weight" if n == "model.embed_tokens.weight" else n, t) for n, t in weights
             )
             skip = ("rotary_emb.inv_freq",)
+        kv_scales = KVScales()
         load_named_weights(
             self,
-            (w for w in weights if self.wants_weight(w[0])),
+            kv_scales.take(w for w in weights if self.wants_weight(w[0])),
             self.stacked_params,
             skip,
             route=self.route_weight,
         )
+        kv_scales.apply(self)
 
     def route_weight(self, name: str) -> tuple[str, Any] | None:
         """This model's own (parameter name, shard id) for checkpoint tensor `name`, tried

@@ -140,8 +140,13 @@ def load_named_weights(
                 )
             _load(params[name], tensor, name, None)
             loaded.add(name)
-    # named_parameters() lists a tied parameter once, under its first name.
-    missing = sorted(set(params) - loaded)
+    # named_parameters() lists a tied parameter once, under its first name. A parameter
+    # marked `optional_in_checkpoint` (an FP8 scale computed on load) is checked by its layer.
+    missing = sorted(
+        name
+        for name in set(params) - loaded
+        if not getattr(params[name], "optional_in_checkpoint", False)
+    )
     if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise ModelLoadError(
@@ -169,13 +174,23 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     """Random weights at the model's real shapes, for benchmarks (`--load-format dummy`).
 
     Norm weights are 1 and the rest small normal values, so activations stay finite and the
-    sampled tokens vary like a real model's would.
+    sampled tokens vary like a real model's would. A quantized weight is drawn in its model's
+    dtype and handed to its `quantize_from`, so an FP8 model quantizes the very weights the
+    unquantized model with the same seed gets.
     """
     generators: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
             param.fill_(1.0)
             continue
+        if getattr(param, "optional_in_checkpoint", False):
+            continue  # filled with the weight it belongs to
         if param.device not in generators:
             generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
-        param.normal_(0.0, 0.02, generator=generators[param.device])
+        generator = generators[param.device]
+        quantize_from = getattr(param, "quantize_from", None)
+        if quantize_from is None:
+            param.normal_(0.0, 0.02, generator=generator)
+        else:
+            drawn = torch.empty(param.shape, dtype=param.dummy_dtype, device=param.device)
+            quantize_from(drawn.normal_(0.0, 0.02, generator=generator))

@@ -49,9 +49,18 @@ def _models(config: EngineConfig) -> list[ModelConfig]:
     return [config.model_config] if draft is None else [config.model_config, draft]
 
 
+def kv_cache_dtype(config: EngineConfig) -> torch.dtype:
+    """The dtype KV pages are stored in: the model's, or fp8 with --kv-cache-dtype."""
+    from inferengine.kernels.kv_quant import cache_torch_dtype
+    from inferengine.model.loader.loader import TORCH_DTYPES
+
+    model_dtype = TORCH_DTYPES[config.model_config.dtype]
+    return cache_torch_dtype(config.cache_config.cache_dtype, model_dtype)
+
+
 def kv_block_bytes(config: EngineConfig, dtype: torch.dtype) -> int:
     """Bytes of one page across this rank's layers (K and V, its share of the KV heads), the
-    draft model's layers included."""
+    draft model's layers included; `dtype` is the cache's (`kv_cache_dtype`)."""
     per_token = sum(
         2 * _num_layers(m) * _kv_heads(m, config) * m.head_dim * dtype.itemsize
         for m in _models(config)

@@ -4,13 +4,15 @@ One host tensor per KV cache tensor, with the same page layout (`[2, slots, bloc
 dim]`), pinned when the cache is on a GPU. Each step first saves pages into slots (offloads),
 then fills pages from slots (loads), then runs; the scheduler never lists a slot that a load
 reads as the target of an offload of the same step, so this order is always right. On a GPU the
-copies run on their own stream and the step waits for them only where it must.
+copies run on their own stream and the step waits for them only where it must. Pages are
+copied as stored: an fp8 cache's as their bytes (torch has no fp8 `index_copy_` on the CPU).
 """
 
 from __future__ import annotations
 
 import torch
 
+from inferengine.kernels.kv_quant import as_bytes
 from inferengine.logger import init_logger
 
 logger = init_logger(__name__)
@@ -54,7 +56,8 @@ class HostKVTier:
             torch.cuda.synchronize(self.device)  # no copy of an earlier step still reads them
         index = torch.tensor(slots)
         for host, part in zip(self.host, pages, strict=True):
-            host.index_copy_(1, index, part.to(host.dtype))
+            assert part.dtype == host.dtype, "pages must come in the cache's dtype"
+            as_bytes(host).index_copy_(1, index, as_bytes(part))
 
     def _copy(self, kv_caches, offloads, loads) -> None:
         dev = self.device
@@ -62,13 +65,13 @@ class HostKVTier:
             pages = torch.tensor([p for p, _ in offloads], device=dev)
             slots = torch.tensor([s for _, s in offloads])
             for cache, host in zip(kv_caches, self.host, strict=True):
-                host.index_copy_(1, slots, cache.index_select(1, pages).to("cpu"))
+                as_bytes(host).index_copy_(1, slots, as_bytes(cache).index_select(1, pages).cpu())
         if loads:
             slots = torch.tensor([s for s, _ in loads])
             pages = torch.tensor([p for _, p in loads], device=dev)
             for cache, host in zip(kv_caches, self.host, strict=True):
-                part = host.index_select(1, slots)
-                cache.index_copy_(1, pages, part.to(dev, non_blocking=part.is_pinned()))
+                part = as_bytes(host).index_select(1, slots)
+                as_bytes(cache).index_copy_(1, pages, part.to(dev, non_blocking=part.is_pinned()))
 
 
 def read_pages(

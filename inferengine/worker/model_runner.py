@@ -24,6 +24,7 @@ from inferengine.distributed.parallel_state import (
     pp_recv,
     pp_send,
 )
+from inferengine.model.loader.loader import TORCH_DTYPES
 from inferengine.sample.metadata import build_sampling_metadata
 from inferengine.sample.rejection_sampler import NO_TOKEN, rejection_sample
 from inferengine.sample.sampler import Sampler, SamplerOutput, gather_logprobs
@@ -316,7 +317,7 @@ class ModelRunner:
             return self.model(ids, positions, self.kv_caches, inputs.metadata)
         intermediate = None
         if not is_first_stage():
-            dtype = next(self.model.parameters()).dtype
+            dtype = TORCH_DTYPES[self.config.model_config.dtype]  # not a weight's: FP8
             intermediate = tuple(pp_recv([(n, self.hidden_size)] * 2, dtype, self.device))
         out = self.model(ids, positions, self.kv_caches, inputs.metadata, intermediate)
         if is_last_stage():

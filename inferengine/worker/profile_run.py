@@ -9,9 +9,10 @@ import torch
 
 from inferengine.attention.metadata import AttentionMetadata
 from inferengine.distributed.parallel_state import get_pp_size, is_first_stage, is_last_stage
+from inferengine.model.loader.loader import TORCH_DTYPES
 from inferengine.sample.metadata import build_sampling_metadata
 from inferengine.sampling_params import SamplingParams
-from inferengine.worker.kv_memory import allocate_kv_caches
+from inferengine.worker.kv_memory import allocate_kv_caches, kv_cache_dtype
 
 if TYPE_CHECKING:
     from inferengine.worker.model_runner import ModelRunner
@@ -27,8 +28,9 @@ def profile_run(runner: ModelRunner) -> None:
     lens = [seq_len] * (num_seqs - 1) + [num_tokens - seq_len * (num_seqs - 1)]
     bs = runner.block_size
     blocks_per_seq = -(-seq_len // bs)
-    dtype = next(runner.model.parameters()).dtype
-    kv = allocate_kv_caches(runner.config, num_seqs * blocks_per_seq + 1, dtype, runner.device)
+    dtype = TORCH_DTYPES[runner.config.model_config.dtype]  # not a weight's: they may be FP8
+    kv_dtype = kv_cache_dtype(runner.config)
+    kv = allocate_kv_caches(runner.config, num_seqs * blocks_per_seq + 1, kv_dtype, runner.device)
     table = [[1 + i * blocks_per_seq + j for j in range(blocks_per_seq)] for i in range(num_seqs)]
     slots = [table[i][p // bs] * bs + p % bs for i, n in enumerate(lens) for p in range(n)]
     starts = [0]

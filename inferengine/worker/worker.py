@@ -14,6 +14,7 @@ from inferengine.logger import init_logger
 from inferengine.model.loader.loader import TORCH_DTYPES, load_model
 from inferengine.spec_decode.draft_model import DraftModelProposer
 from inferengine.worker import kv_memory
+from inferengine.worker.cpu_env import configure_threads
 from inferengine.worker.cuda_graphs import default_capture_sizes, default_mixed_sizes
 from inferengine.worker.kv_offload import HostKVTier
 from inferengine.worker.model_runner import ModelRunner
@@ -31,8 +32,10 @@ class Worker:
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
+            configure_threads(config.parallel_config.world_size)
         torch.manual_seed(config.model_config.seed)
         self.dtype = TORCH_DTYPES[config.model_config.dtype]
+        self.kv_dtype = kv_memory.kv_cache_dtype(config)
         self.attn_backend, self.attn_timings_ms = select_attention_backend(
             config.attention_backend,
             config.attention_backend_benchmark,
@@ -68,6 +71,7 @@ class Worker:
             head_dim=m.head_dim,
             block_size=self.config.cache_config.block_size,
             dtype=self.dtype,
+            kv_cache_dtype=self.kv_dtype,
             sliding_window=m.hf_config.get("sliding_window") if use_window else None,
         )
 
@@ -75,11 +79,11 @@ class Worker:
         if self.device.type == "cuda":
             start = time.perf_counter()
             n = kv_memory.num_blocks_for_cuda(
-                self.config, self.dtype, self.device, lambda: profile_run(self.runner)
+                self.config, self.kv_dtype, self.device, lambda: profile_run(self.runner)
             )
             logger.info("memory profiling took %.2f s", time.perf_counter() - start)
         else:
-            n = kv_memory.num_blocks_for_cpu(self.config, self.dtype)
+            n = kv_memory.num_blocks_for_cpu(self.config, self.kv_dtype)
         override = self.config.cache_config.num_gpu_blocks_override
         return override if override else n
 
@@ -87,19 +91,19 @@ class Worker:
         """Pages of the CPU tier this rank's share of --kv-offloading-size holds, and the
         bytes of one of its pages."""
         gib = self.config.cache_config.kv_offloading_size or 0.0
-        page_bytes = kv_memory.kv_block_bytes(self.config, self.dtype)
+        page_bytes = kv_memory.kv_block_bytes(self.config, self.kv_dtype)
         share = gib * 2**30 / self.config.parallel_config.world_size
         return int(share // page_bytes), page_bytes
 
     def initialize_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
         self.runner.kv_caches = kv_memory.allocate_kv_caches(
-            self.config, num_blocks, self.dtype, self.device
+            self.config, num_blocks, self.kv_dtype, self.device
         )
         if num_host_blocks:
             self.runner.host_tier = HostKVTier(self.runner.kv_caches, num_host_blocks)
         if self.runner.drafter is not None:
             self.runner.drafter.kv_caches = kv_memory.allocate_kv_caches(
-                self.config, num_blocks, self.dtype, self.device, self.draft_config
+                self.config, num_blocks, self.kv_dtype, self.device, self.draft_config
             )
         # Backends that read lengths on the host (torch, flex) cannot be captured; with
         # --enforce-eager, decode steps keep the padded shapes but run eagerly. Pipeline

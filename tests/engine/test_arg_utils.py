@@ -55,3 +55,13 @@ def test_parallel_size_flags_parse_like_vllms(tiny_checkpoint):
 def test_revision_of_a_local_model_is_refused(tiny_checkpoint):
     with pytest.raises(ConfigError, match="--revision v2 applies to a Hugging Face hub id"):
         EngineArgs(model=str(tiny_checkpoint("qwen3")), revision="v2").create_engine_config()
+
+
+def test_a_max_model_len_past_the_models_context_is_refused(tiny_checkpoint):
+    """Positions past max_position_embeddings have no rotary row: refused at start-up, not an
+    IndexError in the engine process mid-generation."""
+    path = str(tiny_checkpoint("qwen3"))
+    context = EngineArgs(model=path).create_engine_config().model_config.max_model_len
+    assert EngineArgs(model=path, max_model_len=context).create_engine_config()
+    with pytest.raises(ConfigError, match=f"longer than the model's context \\({context} "):
+        EngineArgs(model=path, max_model_len=context + 1).create_engine_config()

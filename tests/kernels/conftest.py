@@ -57,6 +57,32 @@ def _patch_interpreter_bfloat16() -> None:
     builder._inferengine_patched = True
 
 
+def _patch_interpreter_fp8() -> None:
+    """Triton's interpreter drops the carry when rounding float32 up into the next fp8 binade
+    (7.99 -> 4.0 in e4m3); the GPU rounds to nearest even. Cast to fp8 with torch instead."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder, "_inferengine_fp8_patched", False):
+        return
+    fp_to_fp = builder.create_fp_to_fp
+    fp8 = {tl.float8e4nv: torch.float8_e4m3fn, tl.float8e5: torch.float8_e5m2}
+
+    def cast(self, src, dst_type, rounding_mode):
+        target = fp8.get(dst_type.scalar)
+        if target is None or src.dtype.scalar not in (tl.float32, tl.float16, tl.bfloat16):
+            return fp_to_fp(self, src, dst_type, rounding_mode)
+        wide = self.cast_impl(src, tl.float32) if src.dtype.scalar != tl.float32 else src
+        values = torch.from_numpy(np.ascontiguousarray(wide.data, dtype=np.float32))
+        codes = values.to(target).view(torch.uint8).numpy()
+        return interpreter.TensorHandle(codes, dst_type.scalar)
+
+    builder.create_fp_to_fp = cast
+    builder._inferengine_fp8_patched = True
+
+
 def _import_interpreted() -> str | None:
     """Import Triton and the kernel modules in interpreter mode; why not, if that failed."""
     previous = os.environ.get("TRITON_INTERPRET")
@@ -70,6 +96,7 @@ def _import_interpreted() -> str | None:
                 "TRITON_INTERPRET=1; run the kernel tests on their own or export TRITON_INTERPRET=1"
             )
         _patch_interpreter_bfloat16()
+        _patch_interpreter_fp8()
         for name in KERNEL_MODULES:
             if name in sys.modules:
                 importlib.reload(sys.modules[name])

@@ -29,6 +29,10 @@ class AttentionSpec:
     # Gemma 2's attention logit soft-capping: scores become cap · tanh(scores / cap) (after the
     # scale, before the mask and softmax). Every backend implements it.
     logits_soft_cap: float | None = None
+    # An fp8 KV cache stores K / k_scale and V / v_scale (kernels/kv_quant.py); every backend
+    # applies them when the cache it is given is fp8 and ignores them otherwise.
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
 
 class AttentionBackend(ABC):

@@ -11,7 +11,8 @@ Compiled (`torch.compile`) on CUDA, where only the listed pages are read; eager 
 PyTorch evaluates the mask over every key (correct, slow: for tests and comparisons). Not captured
 in CUDA graphs: building the block mask reads lengths on the host. Decodes share query tiles, so
 each decode query scans the pages of every sequence in its tile: this backend suits prefill-heavy
-steps better than large decode batches.
+steps better than large decode batches. An fp8 KV cache is read dequantized, on the CPU only:
+on CUDA that would dequantize the whole cache in every layer, so it is refused.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from inferengine.attention.backends.base import AttentionBackend, AttentionSpec,
 from inferengine.attention.backends.torch_ref import store_kv_torch
 from inferengine.attention.metadata import AttentionMetadata
 from inferengine.errors import ConfigError
+from inferengine.kernels.kv_quant import dequantize, is_fp8
 
 Q_TILE = 128
 
@@ -188,9 +190,15 @@ class FlexAttentionBackend(AttentionBackend):
         metadata: AttentionMetadata,
         rotary: RotaryInputs | None = None,
     ) -> torch.Tensor:
-        store_kv_torch(key, value, kv_cache, metadata.slot_mapping)
+        store_kv_torch(key, value, kv_cache, metadata.slot_mapping, spec.k_scale, spec.v_scale)
         _, num_pages, block_size, num_kv_heads, head_dim = kv_cache.shape
         compiled = query.is_cuda
+        if compiled and is_fp8(kv_cache.dtype):
+            raise ConfigError(
+                "--attention-backend flex cannot read an fp8 KV cache on CUDA (it would "
+                "dequantize the whole cache in every layer); use --attention-backend triton or "
+                "auto, or --kv-cache-dtype auto."
+            )
         if compiled and block_size < 16:
             raise ConfigError(
                 f"--attention-backend flex on CUDA needs --block-size 16 or more (got {block_size})."
@@ -209,8 +217,8 @@ class FlexAttentionBackend(AttentionBackend):
         kv_len = num_pages * block_size
         q = query.transpose(0, 1).unsqueeze(0)  # [1, Hq, T, D]
         kv = kv_cache[:, :num_pages].reshape(2, kv_len, num_kv_heads, head_dim)
-        k = kv[0].transpose(0, 1).unsqueeze(0)  # [1, Hkv, pages·bs, D]
-        v = kv[1].transpose(0, 1).unsqueeze(0)
+        k = dequantize(kv[0], spec.k_scale, query.dtype).transpose(0, 1).unsqueeze(0)
+        v = dequantize(kv[1], spec.v_scale, query.dtype).transpose(0, 1).unsqueeze(0)
         # Compiled key tiles must divide a page. The generic kernel, not flex's decoding kernel,
         # since a step mixes decodes and prefill chunks.
         options = (

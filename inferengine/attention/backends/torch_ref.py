@@ -12,29 +12,37 @@ import torch.nn.functional as F
 
 from inferengine.attention.backends.base import AttentionBackend, AttentionSpec, RotaryInputs
 from inferengine.attention.metadata import AttentionMetadata
+from inferengine.kernels.kv_quant import as_bytes, dequantize, quantize
 
 
 def store_kv_torch(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """Write K/V rows into their flat slots, skipping padded tokens (slot −1)."""
+    """Write K/V rows into their flat slots, skipping padded tokens (slot −1); an fp8 cache
+    gets them quantized with the scales."""
     _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
-    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
+    flat = as_bytes(kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim))
     n = slot_mapping.shape[0]
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
-    flat[0].index_copy_(0, slots, key[:n][valid])
-    flat[1].index_copy_(0, slots, value[:n][valid])
+    flat[0].index_copy_(0, slots, as_bytes(quantize(key[:n][valid], k_scale, kv_cache.dtype)))
+    flat[1].index_copy_(0, slots, as_bytes(quantize(value[:n][valid], v_scale, kv_cache.dtype)))
 
 
 def gather_kv(
     kv_cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's K and V, [seq_len, Hkv, D] each, read through its block table."""
+    """One sequence's K and V, [seq_len, Hkv, D] each, read through its block table (as
+    stored: `dequantize` an fp8 cache's)."""
     block_size = kv_cache.shape[2]
     num_blocks = -(-seq_len // block_size)
-    pages = kv_cache.index_select(1, block_ids[:num_blocks].long())  # [2, n, bs, H, D]
-    pages = pages.flatten(1, 2)[:, :seq_len]
+    pages = as_bytes(kv_cache).index_select(1, block_ids[:num_blocks].long())  # [2, n, bs, H, D]
+    pages = pages.view(kv_cache.dtype).flatten(1, 2)[:, :seq_len]
     return pages[0], pages[1]
 
 
@@ -102,7 +110,7 @@ class TorchAttentionBackend(AttentionBackend):
         metadata: AttentionMetadata,
         rotary: RotaryInputs | None = None,
     ) -> torch.Tensor:
-        store_kv_torch(key, value, kv_cache, metadata.slot_mapping)
+        store_kv_torch(key, value, kv_cache, metadata.slot_mapping, spec.k_scale, spec.v_scale)
         if metadata.max_query_len == 1 and metadata.num_actual_tokens == metadata.num_seqs:
             return self._decode(spec, query, kv_cache, metadata)
         out = torch.zeros_like(query)
@@ -116,6 +124,8 @@ class TorchAttentionBackend(AttentionBackend):
             if q_end == q_start:
                 continue
             k, v = gather_kv(kv_cache, metadata.block_table[i], seq_len)
+            k = dequantize(k, spec.k_scale, query.dtype)
+            v = dequantize(v, spec.v_scale, query.dtype)
             q = query[q_start:q_end].transpose(0, 1)  # [Hq, q_len, D]
             mask = causal_mask(q_end - q_start, seq_len, spec.sliding_window, query.device)
             o = attend(q, k.transpose(0, 1), v.transpose(0, 1), mask, spec)
@@ -134,11 +144,11 @@ class TorchAttentionBackend(AttentionBackend):
         num_blocks = -(-metadata.max_seq_len // block_size)
         table = metadata.block_table[:, :num_blocks].long()
         b = table.shape[0]
-        pages = kv_cache.flatten(2).index_select(1, table.flatten())  # [2, B·n, bs·Hkv·D]
-        pages = pages.view(2, b, num_blocks * block_size, *kv_cache.shape[3:])
+        pages = as_bytes(kv_cache).flatten(2).index_select(1, table.flatten())  # [2, B·n, ...]
+        pages = pages.view(kv_cache.dtype).view(2, b, num_blocks * block_size, *kv_cache.shape[3:])
         pages = pages[:, :, : metadata.max_seq_len]  # [2, B, L, Hkv, D]
-        k = pages[0].transpose(1, 2)  # [B, Hkv, L, D]
-        v = pages[1].transpose(1, 2)
+        k = dequantize(pages[0], spec.k_scale, query.dtype).transpose(1, 2)  # [B, Hkv, L, D]
+        v = dequantize(pages[1], spec.v_scale, query.dtype).transpose(1, 2)
         k_pos = torch.arange(metadata.max_seq_len, device=query.device)
         seq_lens = metadata.seq_lens.unsqueeze(1)
         mask = k_pos < seq_lens

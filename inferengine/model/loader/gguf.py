@@ -1,4 +1,7 @@
-"""Converts a Llama or Gemma 2/3 GGUF file into a Hugging Face-style float32 model folder."""
+"""Converts a Llama or Gemma 2/3 GGUF file into a Hugging Face-style float32 model folder.
+
+The folder keeps the GGUF itself and an index of its tensors (`gguf_source.py`): on the CPU the
+loader takes the 4-bit weights from it as they are (`gguf_int4.py`)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from inferengine.model.loader.gguf_gemma import (
     gemma_config,
     gemma_layer_tensors,
 )
+from inferengine.model.loader.gguf_source import keep_source
 
 logger = init_logger(__name__)
 
@@ -31,7 +35,7 @@ SUPPORTED_TYPES = (
     *("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"),
 )
 MARKER = ".inferengine-gguf.json"  # written into a finished folder; names the converter version
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2  # 2: the folder keeps the GGUF and its tensor index
 
 _GLOBAL_TENSORS = {
     "token_embd": "model.embed_tokens",
@@ -76,6 +80,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
         _write_json(tmp / "generation_config.json", _generation_config(meta))
         _write_weights(tmp / "model.safetensors", tensors, config, gguf_path, layout)
         _write_tokenizer(gguf_path, meta, config, tmp)
+        keep_source(gguf_path, reader.tensors, meta.arch, tmp)
         _write_json(tmp / MARKER, {"version": CONVERTER_VERSION, "source": str(gguf_path)})
         _publish(tmp, out_dir)
     finally:

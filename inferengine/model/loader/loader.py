@@ -11,6 +11,8 @@ from inferengine.attention.backends.base import AttentionBackend
 from inferengine.config import ModelConfig
 from inferengine.logger import init_logger
 from inferengine.model.llama import ModelInit
+from inferengine.model.loader.gguf_int4 import install_int4_linears, skip_names
+from inferengine.model.quantization.formats import fp8_checkpoint
 from inferengine.model.registry import resolve_model_class
 from inferengine.model.weights import init_dummy_weights, iterate_safetensors
 
@@ -32,6 +34,16 @@ def load_model(
             model = cls(ModelInit(model_config.hf_config, attn_backend))
     finally:
         torch.set_default_dtype(previous)
+    # An FP8 checkpoint is FP8 even without the flag (a draft model's, say).
+    checkpoint = fp8_checkpoint(model_config.hf_config)
+    fp8 = model_config.quantization == "fp8" or checkpoint is not None
+    if fp8:
+        from inferengine.model.quantization import fp8 as fp8_layers
+
+        fp8_layers.quantize_model(model, checkpoint, dtype)
+    # A GGUF's 4-bit weights stay 4-bit on the CPU (unless FP8 was asked for); those names
+    # are not read as floats.
+    int4 = frozenset() if fp8 else install_int4_linears(model, model_config, device, dtype)
     # Buffers computed in float32 (the rotary cos/sin table) stay float32.
     if model_config.load_format == "dummy":
         if hasattr(model, "materialize"):  # built on the meta device until its weights come
@@ -40,13 +52,19 @@ def load_model(
     else:
         from pathlib import Path
 
-        wanted = getattr(model, "wants_weight", None)
-        model.load_weights(iterate_safetensors(Path(model_config.model_path), wanted))
+        wanted = skip_names(getattr(model, "wants_weight", None), int4)
+        weights = iterate_safetensors(Path(model_config.model_path), wanted)
+        if fp8:
+            weights = fp8_layers.checkpoint_tensors(weights, checkpoint)
+        model.load_weights(weights)
+    if fp8:
+        fp8_layers.finish_loading(model)
     model.eval()
     logger.info(
-        "loaded %s (%s, %s) in %.2f s",
+        "loaded %s (%s%s, %s) in %.2f s",
         model_config.architecture,
         model_config.dtype,
+        " with FP8 weights" if fp8 else " with int4 GGUF weights" if int4 else "",
         "dummy weights" if model_config.load_format == "dummy" else "safetensors",
         time.perf_counter() - start,
     )

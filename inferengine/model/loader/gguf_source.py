@@ -1,0 +1,86 @@
+"""The GGUF a converted folder keeps beside its float weights (`model.gguf`, a hard link where it
+can be), with an index of its tensors (`model.gguf.json`: type, shape, byte offset), so loading
+its quantized weights reads no GGUF metadata (a Gemma tokenizer's takes `gguf` seconds)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SOURCE_FILE = "model.gguf"
+SOURCE_INDEX = "model.gguf.json"
+_FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+@dataclass(frozen=True)
+class SourceTensor:
+    name: str  # the GGUF's name, e.g. blk.0.attn_q.weight
+    type: str  # GGML type name, e.g. Q4_1
+    shape: tuple[int, ...]  # outermost first (rows, columns), as torch orders it
+    offset: int  # of its data in the file
+    nbytes: int
+
+
+def keep_source(gguf_path: Path, tensors: Iterable[Any], architecture: str, folder: Path) -> None:
+    """Link (else symlink) the GGUF into `folder` and write its tensor index (`tensors`: the
+    reader's)."""
+    try:
+        os.link(gguf_path, folder / SOURCE_FILE)  # no copy; outlives a downloaded original
+    except OSError:  # another file system: the cache key names the file's path, size and time
+        (folder / SOURCE_FILE).symlink_to(gguf_path.resolve())
+    index = {
+        t.name: {
+            "type": t.tensor_type.name,
+            "shape": [int(n) for n in reversed(t.shape.tolist())],  # GGUF lists dims inner first
+            "offset": int(t.data_offset),
+            "bytes": int(t.n_bytes),
+        }
+        for t in tensors
+    }
+    text = json.dumps({"architecture": architecture, "tensors": index}, separators=(",", ":"))
+    (folder / SOURCE_INDEX).write_text(text + "\n")
+
+
+def has_source(folder: Path) -> bool:
+    """The converted `folder` keeps its GGUF and index (converted since they were kept)."""
+    return (folder / SOURCE_FILE).is_file() and (folder / SOURCE_INDEX).is_file()
+
+
+class GGUFSource:
+    """A converted folder's GGUF: its architecture, tensors by name, and their raw bytes."""
+
+    def __init__(self, folder: Path):
+        index = json.loads((folder / SOURCE_INDEX).read_text())
+        self.path = folder / SOURCE_FILE
+        self.architecture: str = index["architecture"]
+        self.tensors = {
+            name: SourceTensor(name, e["type"], tuple(e["shape"]), e["offset"], e["bytes"])
+            for name, e in index["tensors"].items()
+        }
+        self._file: np.memmap | None = None
+
+    def data(self, tensor: SourceTensor) -> np.ndarray:
+        """Its bytes, uint8 [rows, bytes per row] (read from the mapped file when used)."""
+        if self._file is None:
+            self._file = np.memmap(self.path, dtype=np.uint8, mode="r")
+        raw = self._file[tensor.offset : tensor.offset + tensor.nbytes]
+        return raw.reshape(tensor.shape[0], -1) if len(tensor.shape) == 2 else raw
+
+
+def stores_quantized_weights(folder: Path) -> bool:
+    """The GGUF kept in converted `folder` holds most of its 2-D weights in quantized types:
+    bf16 arithmetic then loses nothing that its 4-8-bit weights had."""
+    if not has_source(folder):
+        return False
+    quantized = total = 0
+    for t in GGUFSource(folder).tensors.values():
+        if len(t.shape) == 2:
+            total += t.shape[0] * t.shape[1]
+            quantized += t.shape[0] * t.shape[1] * (t.type not in _FLOAT_TYPES)
+    return 2 * quantized > total
