@@ -6,6 +6,11 @@ no hash sit at the front of the list and are reused first, cached ones in LRU or
 A block whose session holds a lease (`lease_until` in the future) waits in a second list that is
 drawn from only when the first is empty; a lease that runs out moves its block to the front of
 the first. Reusing a cached block is an eviction, noted in `evicted` for the CPU tier.
+
+KV events: with `kv_events` set to a list (a data-parallel replica does; off otherwise), every
+change to which hashes the pool holds is appended in order: (KV_STORED, hash) when a hash
+becomes findable, (KV_REMOVED, hash) when it stops being, (KV_CLEARED, b"") when all are dropped.
+Replaying them gives exactly the keys of `cached`.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from inferengine.core.hashing import BlockHash
+
+KV_REMOVED, KV_STORED, KV_CLEARED = 0, 1, 2
+KVEvent = tuple[int, BlockHash]
 
 
 @dataclass(slots=True, eq=False)
@@ -110,6 +118,7 @@ class BlockPool:
         self.evicted: list[tuple[BlockHash, int, float]] = []
         self.track_evictions = False
         self.num_evicted_leased = 0
+        self.kv_events: list[KVEvent] | None = None  # see the module docstring
 
     @property
     def num_usable_blocks(self) -> int:
@@ -196,6 +205,8 @@ class BlockPool:
         if block_hash not in self.cached:
             block.block_hash = block_hash
             self.cached[block_hash] = block
+            if self.kv_events is not None:
+                self.kv_events.append((KV_STORED, block_hash))
 
     def uncache_block(self, block: KVCacheBlock) -> None:
         self._drop_hash(block)
@@ -235,10 +246,14 @@ class BlockPool:
         self.cached.clear()
         self._lease_heap.clear()
         self._num_cached_free = 0
+        if self.kv_events is not None:
+            self.kv_events.append((KV_CLEARED, b""))
         return True
 
     def _drop_hash(self, block: KVCacheBlock) -> None:
         if block.block_hash is not None:
             if self.cached.get(block.block_hash) is block:
                 del self.cached[block.block_hash]
+                if self.kv_events is not None:
+                    self.kv_events.append((KV_REMOVED, block.block_hash))
             block.block_hash = None

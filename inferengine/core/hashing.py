@@ -28,6 +28,27 @@ def hash_block(
     return h.digest()
 
 
+def hash_prompt_blocks(
+    token_ids: list[int],
+    block_size: int,
+    cache_salt: str | None = None,
+    max_blocks: int | None = None,
+) -> list[BlockHash]:
+    """The chain of hashes of `token_ids`' full blocks (at most `max_blocks`), exactly as
+    `BlockHasher` gives them to a request with that prompt and `cache_salt` (for a router that
+    asks which replica already holds a prompt's prefix)."""
+    num_blocks = len(token_ids) // block_size
+    if max_blocks is not None:
+        num_blocks = min(num_blocks, max_blocks)
+    hashes: list[BlockHash] = []
+    parent = ROOT_HASH
+    for i in range(num_blocks):
+        extra = (cache_salt,) if i == 0 and cache_salt else ()
+        parent = hash_block(parent, token_ids[i * block_size : (i + 1) * block_size], extra)
+        hashes.append(parent)
+    return hashes
+
+
 class BlockHasher:
     """Extends a request's `block_hashes` with every block that has become full."""
 

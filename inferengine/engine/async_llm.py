@@ -85,7 +85,7 @@ class AsyncLLM:
         self.config = config
         self.model_config = config.model_config
         # The engine core starts first: it loads while this process reads the tokenizer.
-        self.client = AsyncMPClient(config)
+        self.client = self._make_client(config)
         try:
             self.tokenizer = load_tokenizer(
                 config.model_config.tokenizer or config.model_config.model_path
@@ -106,6 +106,21 @@ class AsyncLLM:
         self.ready_info: dict[str, Any] = {}
         self._handler: asyncio.Task | None = None
         self._ids = itertools.count()
+
+    @classmethod
+    def from_config(
+        cls, config: EngineConfig, stat_loggers: list[StatLogger] | None = None
+    ) -> AsyncLLM:
+        """The server's engine: one engine core, or data-parallel replicas (`inferengine/dp/`)."""
+        if config.parallel_config.data_parallel_size > 1:
+            from inferengine.dp.llm import DataParallelLLM
+
+            return DataParallelLLM(config, stat_loggers)
+        return cls(config, stat_loggers)
+
+    def _make_client(self, config: EngineConfig) -> Any:
+        """The engine-core client: one process here; `DataParallelLLM` gives its replicas'."""
+        return AsyncMPClient(config)
 
     async def start(self) -> None:
         """Wait until the engine core serves."""

@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import zmq
@@ -22,6 +22,9 @@ import zmq
 from inferengine.config import EngineConfig
 from inferengine.core.engine_io import EngineCoreOutputs, EngineCoreRequest
 from inferengine.logger import init_logger
+
+if TYPE_CHECKING:
+    from inferengine.engine.core import EngineCore
 
 logger = init_logger(__name__)
 
@@ -138,24 +141,29 @@ class EngineCoreProc:
         return True
 
     def _utility(self, call_id: int, method: str, args: list) -> UtilityResult:
-        try:
-            if method == "reset_prefix_cache":
-                return UtilityResult(call_id, self.core.reset_prefix_cache())
-            if method == "get_stats":
-                return UtilityResult(call_id, self.core.scheduler.make_stats())
-            if method == "device_memory":
-                return UtilityResult(call_id, _device_memory_used(self.core.config.device))
-            if method == "expert_token_counts":
-                return UtilityResult(call_id, self.core.expert_token_counts())
-            if method == "ping":
-                return UtilityResult(call_id, "pong")
-            return UtilityResult(call_id, error=f"unknown utility {method!r}")
-        except Exception as e:
-            return UtilityResult(call_id, error=f"{type(e).__name__}: {e}")
+        return run_utility(self.core, call_id, method, args)
 
     def shutdown(self) -> None:
         self.outputs.put(None)
         self.core.shutdown()
+
+
+def run_utility(core: EngineCore, call_id: int, method: str, args: list) -> UtilityResult:
+    """One utility call on the engine core (between steps), its error caught."""
+    try:
+        if method == "reset_prefix_cache":
+            return UtilityResult(call_id, core.reset_prefix_cache())
+        if method == "get_stats":
+            return UtilityResult(call_id, core.scheduler.make_stats())
+        if method == "device_memory":
+            return UtilityResult(call_id, _device_memory_used(core.config.device))
+        if method == "expert_token_counts":
+            return UtilityResult(call_id, core.expert_token_counts())
+        if method == "ping":
+            return UtilityResult(call_id, "pong")
+        return UtilityResult(call_id, error=f"unknown utility {method!r}")
+    except Exception as e:
+        return UtilityResult(call_id, error=f"{type(e).__name__}: {e}")
 
 
 def _device_memory_used(device: str) -> int | None:

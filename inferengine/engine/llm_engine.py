@@ -75,6 +75,12 @@ class LLMEngine:
                 "generate, run-batch) every request waits its turn. Drop it (run-batch bounds "
                 "its queue with --max-in-flight)."
             )
+        if config.parallel_config.data_parallel_size > 1:
+            raise ConfigError(
+                "--data-parallel-size runs replicas behind the server only (`inferengine serve "
+                "--data-parallel-size N`); offline (LLM, generate, run-batch) one engine runs "
+                "in this process. Drop it, or run one LLM per replica yourself."
+            )
         self.config = config
         self.tokenizer = load_tokenizer(
             config.model_config.tokenizer or config.model_config.model_path

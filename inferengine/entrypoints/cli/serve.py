@@ -84,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
         **{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig)}
     )
     engine_config = EngineArgs.from_cli_args(args).create_engine_config()
+    if engine_config.parallel_config.data_parallel_size > 1:
+        from inferengine.dp.ray_backend import import_ray
+
+        import_ray()  # refused here, before the server starts, if Ray is missing
     return asyncio.run(
         run_server(engine_config, server_config, lambda state: print_banner(state, server_config))
     )
@@ -105,6 +109,11 @@ def print_banner(state: Any, config: ServerConfig) -> None:
         f"  limits      max_model_len {mc.max_model_len}, "
         f"max_num_seqs {ec.scheduler_config.max_num_seqs}",
         f"  API key     {'required' if config.api_key else 'none'}",
+        *(
+            [f"  replicas    {info['data_parallel_size']} on Ray (KV pages above: all of them)"]
+            if info.get("data_parallel_size")
+            else []
+        ),
         f"  URL         {url}/v1  (health {url}/health, metrics {url}/metrics)",
     ]
     sys.stdout.write("\n".join(lines) + "\n")

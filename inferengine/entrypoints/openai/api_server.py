@@ -51,6 +51,10 @@ from inferengine.metrics.prometheus import PrometheusStatLogger
 logger = init_logger(__name__)
 
 UNKNOWN_FIELDS_HEADER = "X-Unknown-Fields"
+CUT_OFF_WAIT_S = 1.0  # after a drain's cut-off, how long its requests get to send their 503
+# uvicorn's own grace when it stops: our drain has already ended every API request, so it only
+# closes idle connections (a short /health or /metrics call may still be running).
+UVICORN_GRACE_S = 1
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ class ServerState:
         self.error: str | None = None
         self.draining = False
         self.in_flight = 0  # API requests being served (see GateMiddleware)
+        self.cut_off = asyncio.Event()  # the drain's time is up: GateMiddleware ends requests
         self.started_at = time.time()
         self.on_ready: Callable[[ServerState], None] | None = None
         self.on_fatal: Callable[[str], None] | None = None
@@ -90,7 +95,9 @@ class ServerState:
 
     async def start_engine(self) -> None:
         try:
-            engine = await asyncio.to_thread(AsyncLLM, self.engine_config, [self.metrics])
+            engine = await asyncio.to_thread(
+                AsyncLLM.from_config, self.engine_config, [self.metrics]
+            )
             self.engine = engine
             await engine.start()
         except asyncio.CancelledError:
@@ -154,18 +161,24 @@ class ServerState:
         return None
 
     async def drain(self, timeout: float) -> None:
-        """Refuse new requests (503) and wait up to `timeout` s for in-flight ones to finish."""
+        """Refuse new requests (503) and give in-flight ones up to `timeout` s to finish; then
+        (or as soon as `cut_off` is set: a second signal) end the rest with a 503."""
         self.draining = True
         if self.status == "ready":
             self.status = "draining"
         deadline = time.monotonic() + timeout
         logger.info(
-            "draining: %d request(s) in flight, waiting up to %.0f s", self.in_flight, timeout
+            "draining: %d request(s) in flight, waiting up to %g s", self.in_flight, timeout
         )
-        while self.in_flight > 0 and time.monotonic() < deadline:
+        while self.in_flight > 0 and time.monotonic() < deadline and not self.cut_off.is_set():
             await asyncio.sleep(0.05)
-        if self.in_flight:
-            logger.warning("drain timed out with %d request(s) in flight", self.in_flight)
+        if self.in_flight == 0:
+            return
+        logger.warning("drain: ending %d request(s) still in flight with 503", self.in_flight)
+        self.cut_off.set()
+        deadline = time.monotonic() + CUT_OFF_WAIT_S
+        while self.in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
     def shutdown(self) -> None:
         if self.engine is not None:
@@ -302,7 +315,8 @@ def build_app(engine_config: EngineConfig, config: ServerConfig | None = None) -
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn's server, except that the first SIGTERM/SIGINT drains in-flight requests first."""
+    """uvicorn's server, except that SIGTERM/SIGINT drains in-flight requests first (for
+    `--drain-timeout` s at most; a second signal ends the drain at once), then exits with 0."""
 
     def __init__(self, config: uvicorn.Config, state: ServerState):
         super().__init__(config)
@@ -315,15 +329,22 @@ class DrainingServer(uvicorn.Server):
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._draining or self._loop is None or self.state.status != "ready":
-            super().handle_exit(sig, frame)  # a second signal, or nothing to drain
+        loop = self._loop
+        if self._draining:
+            assert loop is not None
+            loop.call_soon_threadsafe(self.state.cut_off.set)
+            return
+        if loop is None or self.state.status != "ready":
+            super().handle_exit(sig, frame)  # nothing to drain
             return
         self._draining = True
-        self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+        loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
 
     async def _drain(self) -> None:
-        await self.state.drain(self.state.config.drain_timeout)
-        self.should_exit = True
+        try:
+            await self.state.drain(self.state.config.drain_timeout)
+        finally:
+            self.should_exit = True
 
 
 async def run_server(
@@ -339,7 +360,7 @@ async def run_server(
         host=config.host,
         port=config.port,
         log_level=config.uvicorn_log_level,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=UVICORN_GRACE_S,
         lifespan="on",
     )
     server = DrainingServer(uv_config, state)

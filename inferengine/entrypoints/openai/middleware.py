@@ -1,13 +1,23 @@
-"""The server's gate (pure ASGI): API key, body-size limit, draining, and in-flight counting."""
+"""The server's gate (pure ASGI): API key, body-size limit, draining, and in-flight counting.
+
+While the server drains, the gate also ends the requests still running once the drain's time is
+up (`cut_off`): a 503 error, or on a stream a last error event and `[DONE]`.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from typing import Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferengine.entrypoints.openai.errors import status_response
+from inferengine.entrypoints.openai.errors import (
+    ServiceUnavailableError,
+    status_response,
+    stream_error_event,
+)
+from inferengine.entrypoints.openai.streaming import SSE_DONE
 
 # Paths any client may call, even without the API key and while draining.
 OPEN_PATHS = frozenset({"/health", "/metrics", "/version", "/docs", "/redoc", "/openapi.json"})
@@ -19,6 +29,13 @@ class GateState(Protocol):
     max_request_body_bytes: int
     draining: bool
     in_flight: int
+    cut_off: asyncio.Event  # set when a drain's time is up: running requests end with a 503
+
+
+CUT_OFF_MESSAGE = (
+    "The server is shutting down and this request did not finish within its drain timeout; "
+    "retry on another replica."
+)
 
 
 class GateMiddleware:
@@ -44,17 +61,38 @@ class GateMiddleware:
             )
             await response(scope, receive, send)
             return
+        state.in_flight += 1
+        try:
+            await self._until_cut_off(scope, receive, send)
+        finally:
+            state.in_flight -= 1
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await self._read_body(scope, receive)
         if body is None:
-            limit = state.max_request_body_bytes
+            limit = self.state.max_request_body_bytes
             response = status_response(413, f"The request body is larger than {limit} bytes.")
             await response(scope, receive, send)
             return
-        state.in_flight += 1
+        await self.app(scope, _replay(body, receive), send)
+
+    async def _until_cut_off(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve the request; if `cut_off` comes first, stop it (which aborts its engine
+        requests) and end its response with a 503."""
+        response = _TrackedResponse(send)
+        serving = asyncio.ensure_future(self._serve(scope, receive, response.send))
+        cut_off = asyncio.ensure_future(self.state.cut_off.wait())
         try:
-            await self.app(scope, _replay(body, receive), send)
+            await asyncio.wait({serving, cut_off}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            state.in_flight -= 1
+            cut_off.cancel()
+            finished = serving.done()
+            serving.cancel()
+            await asyncio.gather(serving, cut_off, return_exceptions=True)
+        if finished:
+            serving.result()  # raises the app's error, if any, for the error handlers
+        else:
+            await response.end_with_503(scope, receive)
 
     def _authorized(self, scope: Scope) -> bool:
         assert self._key is not None
@@ -96,6 +134,37 @@ async def _discard(receive: Receive, size: int) -> None:
         size += len(message.get("body", b""))
         if not message.get("more_body", False):
             return
+
+
+class _TrackedResponse:
+    """A `send` that notes how far the response got, so that the gate can end it."""
+
+    def __init__(self, send: Send):
+        self._send = send
+        self.started = self.complete = self.event_stream = False
+
+    async def send(self, message: Message) -> None:
+        await self._send(message)
+        if message["type"] == "http.response.start":
+            self.started = True
+            self.event_stream = any(
+                name.lower() == b"content-type" and value.startswith(b"text/event-stream")
+                for name, value in message.get("headers", ())
+            )
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.complete = True
+
+    async def end_with_503(self, scope: Scope, receive: Receive) -> None:
+        """A 503 error; once a stream has begun, its last events: the error, then `[DONE]`."""
+        if not self.started:
+            await status_response(503, CUT_OFF_MESSAGE)(scope, receive, self._send)
+        elif not self.complete:
+            end = ""
+            if self.event_stream:
+                end = stream_error_event(ServiceUnavailableError(CUT_OFF_MESSAGE)) + SSE_DONE
+            await self._send(
+                {"type": "http.response.body", "body": end.encode(), "more_body": False}
+            )
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -1,0 +1,184 @@
+"""Ray for data parallelism: joining (or starting) a cluster, and one actor per replica.
+
+A local Ray is started on demand (`address="local"`: never another user's instance), or
+`--ray-address` joins a cluster so that replicas span its nodes; there every node needs this
+package, and the model at the same path (or a hub id it can fetch). Each replica asks for
+`tensor_parallel_size x pipeline_parallel_size` GPUs on CUDA (one CPU elsewhere); Ray restarts
+a replica whose process dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import threading
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
+
+from inferengine import envs
+from inferengine.config import EngineConfig
+from inferengine.dp.client import ReplicaUnavailable
+from inferengine.errors import ConfigError
+from inferengine.logger import init_logger
+
+logger = init_logger(__name__)
+
+MAX_RESTARTS = 1000  # Ray restarts a dead replica this many times at most
+LOCAL_OBJECT_STORE_BYTES = 256 << 20  # frames are small; a local Ray needs little of it
+
+_ray_thread: threading.Thread | None = None
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as e:
+        raise ConfigError(
+            "--data-parallel-size places replicas with Ray, which is not installed: "
+            "pip install 'inferengine[ray]' (or pip install ray)."
+        ) from e
+    return ray
+
+
+def init_ray(address: str | None, num_cpus: int) -> Any:
+    """Join the cluster at `address`, or start a local Ray (at least `num_cpus` logical CPUs).
+
+    Ray ties the processes it starts to the thread that started them (they die with it), so
+    `ray.init` runs on a daemon thread that stays parked for the life of the process."""
+    global _ray_thread
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            if address:
+                ray.init(address=address, include_dashboard=False, log_to_driver=True)
+            else:
+                ray.init(
+                    address="local",
+                    num_cpus=max(num_cpus, os.cpu_count() or 1),
+                    include_dashboard=False,
+                    object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                )
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            done.set()
+        threading.Event().wait()  # parked: see the docstring
+
+    _ray_thread = threading.Thread(target=start, name="inferengine-ray", daemon=True)
+    _ray_thread.start()
+    done.wait()
+    if errors:
+        where = f"the Ray cluster at {address}" if address else "a local Ray"
+        raise ConfigError(f"could not start or join {where}: {errors[0]}") from errors[0]
+    logger.info("Ray: %s", ray.cluster_resources())
+    return ray
+
+
+def replica_options(config: EngineConfig) -> dict[str, Any]:
+    """Ray actor options of one replica: its devices, restarts and environment."""
+    world_size = config.parallel_config.world_size
+    options: dict[str, Any] = {
+        "max_restarts": MAX_RESTARTS,
+        "max_task_retries": 0,
+        "num_cpus": 1,
+    }
+    if config.device == "cuda":
+        options["num_gpus"] = world_size
+    if config.parallel_config.ray_address:  # another node does not share this environment
+        options["runtime_env"] = {"env_vars": envs.replica_env()}
+    return options
+
+
+def check_resources(ray: Any, config: EngineConfig) -> None:
+    """Refuse at once a cluster that cannot hold every replica (Ray would wait forever)."""
+    if config.device != "cuda":
+        return
+    pc = config.parallel_config
+    need = pc.data_parallel_size * pc.world_size
+    have = int(ray.cluster_resources().get("GPU", 0))
+    if need > have:
+        raise ConfigError(
+            f"--data-parallel-size {pc.data_parallel_size} replicas of {pc.world_size} GPU(s) "
+            f"need {need} GPUs; the Ray cluster has {have}. Lower the sizes, or join a larger "
+            "cluster with --ray-address."
+        )
+
+
+class ReplicaStartError(Exception):
+    """A replica's engine raised while it started (the error's last line, its message)."""
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else text
+
+
+class RayReplicaHandle:
+    """A `ReplicaHandle` over one `EngineReplica` actor."""
+
+    def __init__(self, ray: Any, actor_cls: Any, config: EngineConfig, replica_id: int):
+        self.ray = ray
+        self.replica_id = replica_id
+        self.actor = actor_cls.options(**replica_options(config)).remote(config, replica_id)
+
+    async def ready(self, timeout: float) -> dict[str, Any]:
+        """The replica's info once it serves; `ReplicaUnavailable` while Ray restarts it."""
+        try:
+            return await asyncio.wait_for(self._await(self.actor.ready.remote()), timeout)
+        except self.ray.exceptions.ActorUnavailableError as e:
+            raise ReplicaUnavailable(str(e)) from e
+        except self.ray.exceptions.RayActorError as e:
+            if getattr(e, "actor_init_failed", False):  # the engine could not start: say why
+                raise ReplicaStartError(_last_line(str(e))) from e
+            raise
+
+    @staticmethod
+    async def _await(ref: Any) -> Any:
+        return await ref
+
+    def add_requests(self, payload: bytes) -> Awaitable[Any]:
+        return self._await(self.actor.add_requests.remote(payload))
+
+    def abort_requests(self, request_ids: list[str]) -> Awaitable[Any]:
+        return self._await(self.actor.abort_requests.remote(request_ids))
+
+    async def utility(self, method: str, args: list, timeout: float) -> Any:
+        return await asyncio.wait_for(self._await(self.actor.utility.remote(method, args)), timeout)
+
+    async def outputs(self) -> AsyncIterator[list[bytes]]:
+        async for ref in self.actor.outputs.remote():
+            yield await ref
+
+    def restart(self) -> None:
+        """Replace the current incarnation (Ray starts a new one)."""
+        self.ray.kill(self.actor, no_restart=False)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop the engine (its worker processes with it), then the actor for good."""
+        try:
+            self.ray.get(self.actor.shutdown.remote(), timeout=timeout)
+        except Exception as e:  # dead or hung: the kill below ends it either way
+            logger.debug("replica %d did not stop cleanly: %s", self.replica_id, e)
+        self.ray.kill(self.actor, no_restart=True)
+
+
+def start_replicas(config: EngineConfig) -> list[RayReplicaHandle]:
+    """Start (or join) Ray and one replica actor per data-parallel rank; they load at once."""
+    from inferengine.dp.replica import EngineReplica
+
+    pc = config.parallel_config
+    ray = init_ray(pc.ray_address, num_cpus=pc.data_parallel_size)
+    check_resources(ray, config)
+    actor_cls = ray.remote(EngineReplica)
+    logger.info(
+        "starting %d engine replicas (%d device(s) each) on Ray",
+        pc.data_parallel_size,
+        pc.world_size,
+    )
+    return [RayReplicaHandle(ray, actor_cls, config, i) for i in range(pc.data_parallel_size)]
