@@ -138,6 +138,18 @@ class ToolCallStream:
         self.outside += self.text[self.pos : end]
         self.pos = max(self.pos, end)
 
+    def content_until(self, tag: str, final: bool) -> int | None:
+        """Content up to `tag` (a partial tag at the end is held back unless `final`): where the
+        tag starts, with `pos` after it, or None if it has not come."""
+        at = self.text.find(tag, self.pos)
+        if at < 0:
+            held = 0 if final else partial_tag_len(self.text[self.pos :], (tag,))
+            self.take(len(self.text) - held)
+            return None
+        self.take(at)
+        self.pos = at + len(tag)
+        return at
+
     def drop(self, end: int, why: str) -> None:
         """The text from `pos` to `end` is neither content nor a call (logged)."""
         if self.text[self.pos : end].strip():

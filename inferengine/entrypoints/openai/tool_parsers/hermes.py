@@ -14,7 +14,6 @@ from inferengine.entrypoints.openai.tool_parsers.base import (
     lark_json,
     lark_string,
     lark_token,
-    partial_tag_len,
     skip_space,
 )
 from inferengine.entrypoints.openai.tool_parsers.json_scan import CallReader, Read
@@ -32,13 +31,10 @@ class HermesStream(ToolCallStream):
     def step(self, final: bool) -> bool:
         text = self.text
         if self.state == _CONTENT:
-            at = text.find(START, self.pos)
-            if at < 0:
-                held = 0 if final else partial_tag_len(text[self.pos :], (START,))
-                self.take(len(text) - held)
+            at = self.content_until(START, final)
+            if at is None:
                 return False
-            self.take(at)
-            self.block, self.pos, self.state = at, at + len(START), _CALL
+            self.block, self.state = at, _CALL
             self.begin_call(CallReader(self.pos, ("arguments", "parameters")))
             return True
         if self.state == _CALL:

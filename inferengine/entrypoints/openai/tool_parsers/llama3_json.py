@@ -14,7 +14,6 @@ from inferengine.entrypoints.openai.tool_parsers.base import (
     free_text_with_calls,
     lark_json,
     lark_string,
-    partial_tag_len,
     skip_space,
 )
 from inferengine.entrypoints.openai.tool_parsers.json_scan import CallReader, Read
@@ -47,13 +46,10 @@ class Llama3JsonStream(ToolCallStream):
                 self.state = _CONTENT
             return True
         if self.state == _CONTENT:
-            at = text.find(TAG, self.pos)
-            if at < 0:
-                held = 0 if final else partial_tag_len(text[self.pos :], (TAG,))
-                self.take(len(text) - held)
+            at = self.content_until(TAG, final)
+            if at is None:
                 return False
-            self.take(at)
-            self.region, self.pos, self.state = at, at + len(TAG), _CALLS
+            self.region, self.state = at, _CALLS
             return True
         if self.state == _CALLS:
             p = skip_space(text, self.pos)

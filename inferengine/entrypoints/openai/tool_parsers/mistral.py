@@ -19,7 +19,6 @@ from inferengine.entrypoints.openai.tool_parsers.base import (
     lark_json,
     lark_string,
     lark_token,
-    partial_tag_len,
     random_alphanumeric,
     skip_space,
 )
@@ -48,13 +47,10 @@ class MistralStream(ToolCallStream):
     def step(self, final: bool) -> bool:
         text = self.text
         if self.state == _CONTENT:
-            at = text.find(TAG, self.pos)
-            if at < 0:
-                held = 0 if final else partial_tag_len(text[self.pos :], (TAG,))
-                self.take(len(text) - held)
+            at = self.content_until(TAG, final)
+            if at is None:
                 return False
-            self.take(at)
-            self.tag, self.pos, self.state = at, at + len(TAG), _AFTER_TAG
+            self.tag, self.state = at, _AFTER_TAG
             return True
         if self.state == _AFTER_TAG:
             p = skip_space(text, self.pos)
