@@ -3,7 +3,8 @@ float32, one engine each, measured in turns so that a busy machine slows them al
 
 Each measurement generates `--short` and `--long` tokens greedily (EOS ignored) for `batch`
 copies of one prompt and divides the time difference by the token difference: prefill and
-start-up cancel out, what remains is one decode step. The best of `--rounds` turns is kept.
+start-up cancel out, what remains is one decode step. Every one of `--rounds` turns is kept;
+the median is quoted.
 Writes `benchmarks/results/<UTC stamp>-cpu-decode-step/`.
 
     python benchmarks/cpu_decode_step.py [--model smollm2-135m-instruct] [--batch 1 16]
@@ -12,6 +13,7 @@ Writes `benchmarks/results/<UTC stamp>-cpu-decode-step/`.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -64,25 +66,31 @@ def main() -> None:
         [{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=False
     )
     prompt_ids = tokenizer.encode(text, add_special_tokens=False)
-    best: dict[str, dict[int, float]] = {name: {} for name in llms}
+    runs: dict[str, dict[int, list[float]]] = {name: {b: [] for b in args.batch} for name in llms}
     for _ in range(args.rounds):
         for name, llm in llms.items():
             for batch in args.batch:
-                seconds = step_seconds(llm, prompt_ids, batch, args.short, args.long)
-                best[name][batch] = min(best[name].get(batch, seconds), seconds)
+                runs[name][batch].append(
+                    step_seconds(llm, prompt_ids, batch, args.short, args.long)
+                )
+    median = {n: {b: statistics.median(v) for b, v in by.items()} for n, by in runs.items()}
     results = {
         "workload": vars(args) | {"prompt_tokens": len(prompt_ids)},
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "configs": {name: CONFIGS[name] for name in llms},
-        "step_ms": {n: {b: s * 1e3 for b, s in by.items()} for n, by in best.items()},
-        "tokens_per_s": {n: {b: b / s for b, s in by.items()} for n, by in best.items()},
+        "step_ms_median": {n: {b: s * 1e3 for b, s in by.items()} for n, by in median.items()},
+        "step_ms_runs": {
+            n: {b: [s * 1e3 for s in v] for b, v in by.items()} for n, by in runs.items()
+        },
+        "tokens_per_s_median": {n: {b: b / s for b, s in by.items()} for n, by in median.items()},
     }
     folder = write_result_folder("cpu-decode-step", results, args.out_dir)
-    print(f"{'weights':<15}{'batch':>6}{'ms/step':>10}{'tok/s':>9}")
-    for name, by in best.items():
-        for batch, seconds in by.items():
-            print(f"{name:<15}{batch:>6}{seconds * 1e3:>10.1f}{batch / seconds:>9.1f}")
+    print(f"{'weights':<15}{'batch':>6}{'ms/step (median; every turn)':>40}")
+    for name, by in runs.items():
+        for batch, values in by.items():
+            every = ", ".join(f"{v * 1e3:.1f}" for v in values)
+            print(f"{name:<15}{batch:>6}{median[name][batch] * 1e3:>10.1f}  ({every})")
     print(f"results: {folder}")
 
 
