@@ -26,7 +26,9 @@ _SERVER_HELP = {
     "max_n": "the largest n a request may ask for (OpenAI's limit is 128)",
     "max_request_seqs": "the most sequences (prompts x n) one request may ask for; "
     "0: 64 x --max-num-seqs",
-    "drain_timeout": "on SIGTERM, seconds to wait for in-flight requests before exiting",
+    "drain_timeout": "on SIGTERM, seconds from the signal to exit: new requests get 503, running "
+    "ones may finish; then open streams end with an error event and [DONE] (a second signal "
+    "ends the drain at once)",
     "enable_auto_tool_choice": 'serve tool_choice "auto" on chat (needs --tool-call-parser)',
     "tool_call_parser": "how to find tool calls in the model's text for tool_choice auto",
     "exclude_tools_when_tool_choice_none": 'leave tools out of the prompt with tool_choice "none"',

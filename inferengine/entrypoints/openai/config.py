@@ -26,7 +26,7 @@ class ServerConfig:
     # 0: 64 x --max-num-seqs).
     max_n: int = 128
     max_request_seqs: int = 0
-    drain_timeout: float = 30.0  # seconds a SIGTERM waits for in-flight requests
+    drain_timeout: float = 30.0  # seconds from SIGTERM to exit, in-flight requests included
     # Tool calling and reasoning on chat (vLLM's flags; parsers by name, see `tool_parsers/`
     # and `reasoning_parsers.py`).
     enable_auto_tool_choice: bool = False
