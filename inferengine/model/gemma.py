@@ -21,7 +21,6 @@ from torch import nn
 from inferengine.attention.backends.base import AttentionBackend
 from inferengine.attention.metadata import AttentionMetadata
 from inferengine.distributed.parallel_state import (
-    is_first_stage,
     is_last_stage,
     pp_layer_range,
 )
@@ -31,12 +30,12 @@ from inferengine.model.layers.linear import (
     RowParallelLinear,
 )
 from inferengine.model.layers.rotary import RotaryEmbedding
-from inferengine.model.layers.vocab import ParallelLMHead, VocabParallelEmbedding
+from inferengine.model.layers.vocab import ParallelLMHead
 from inferengine.model.llama import (
     DecoderAttention,
+    DecoderModel,
     DecoderSpec,
     LlamaForCausalLM,
-    MissingLayer,
     ModelInit,
     attend,
 )
@@ -186,53 +185,37 @@ class GemmaDecoderLayer(nn.Module):
         return hidden, residual
 
 
-class GemmaModel(nn.Module):
-    """Pipeline stages as in Llama's `DecoderModel`: each builds its own layers, the first
-    embeds, the last normalises, the others pass `(hidden, residual)` on."""
+class GemmaModel(DecoderModel):
+    """Llama's `DecoderModel` (pipeline stages alike) with Gemma's layers and final norm, and
+    the embedding scaled by sqrt(hidden_size)."""
 
-    def __init__(self, spec: DecoderSpec, gemma: GemmaSpec, backend: AttentionBackend):
-        super().__init__()
-        self.start_layer, self.end_layer = pp_layer_range(spec.num_layers)
-        self.embed_tokens = (
-            VocabParallelEmbedding(spec.vocab_size, spec.hidden_size) if is_first_stage() else None
-        )
+    def __init__(
+        self,
+        spec: DecoderSpec,
+        gemma: GemmaSpec,
+        hf_config: dict[str, Any],
+        backend: AttentionBackend,
+    ):
+        start, end = pp_layer_range(spec.num_layers)
+        rotary = {
+            kind: RotaryEmbedding(spec.head_dim, spec.max_position, gemma.rope_configs[kind])
+            for kind in sorted({gemma.layer_types[i] for i in range(start, end)})
+        }
+
+        def make_layer(i: int) -> nn.Module:
+            kind = gemma.layer_types[i]
+            return GemmaDecoderLayer(spec, gemma, kind, rotary[kind], backend)
+
+        super().__init__(spec, hf_config, backend, make_layer)
+        if self.norm is not None:
+            self.norm = GemmaRMSNorm(spec.hidden_size, spec.rms_norm_eps)
         # sqrt(hidden_size) as a float32 number, rounded to the model dtype where it is used.
         normalizer = torch.tensor(spec.hidden_size**0.5, dtype=torch.float32)
         self.register_buffer("normalizer", normalizer, persistent=False)
-        local = range(self.start_layer, self.end_layer)
-        rotary = {
-            kind: RotaryEmbedding(spec.head_dim, spec.max_position, gemma.rope_configs[kind])
-            for kind in sorted({gemma.layer_types[i] for i in local})
-        }
-        self.layers = nn.ModuleList(
-            GemmaDecoderLayer(spec, gemma, kind, rotary[kind], backend)
-            if i in local
-            else MissingLayer()
-            for i, kind in enumerate(gemma.layer_types)
-        )
-        self.norm = GemmaRMSNorm(spec.hidden_size, spec.rms_norm_eps) if is_last_stage() else None
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[torch.Tensor],
-        metadata: AttentionMetadata,
-        intermediate: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if self.embed_tokens is not None:
-            hidden = self.embed_tokens(input_ids)
-            hidden, residual = hidden * self.normalizer.to(hidden.dtype), None
-        else:
-            assert intermediate is not None, "a later pipeline stage needs the previous' output"
-            hidden, residual = intermediate
-        local = self.layers[self.start_layer : self.end_layer]
-        for layer, kv_cache in zip(local, kv_caches, strict=True):
-            hidden, residual = layer(positions, hidden, residual, kv_cache, metadata)
-        if self.norm is None:
-            return hidden, residual
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = super().embed(input_ids)
+        return hidden * self.normalizer.to(hidden.dtype)
 
 
 class _GemmaForCausalLM(LlamaForCausalLM):
@@ -251,7 +234,7 @@ class _GemmaForCausalLM(LlamaForCausalLM):
             spec, tie_word_embeddings=bool(c.get("tie_word_embeddings", True))
         )
         self.gemma = GemmaSpec.from_hf(c, self.version)
-        self.model = GemmaModel(self.spec, self.gemma, init.attn_backend)
+        self.model = GemmaModel(self.spec, self.gemma, c, init.attn_backend)
         self.lm_head = (
             ParallelLMHead(self.spec.vocab_size, self.spec.hidden_size) if is_last_stage() else None
         )

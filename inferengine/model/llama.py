@@ -252,6 +252,10 @@ class DecoderModel(nn.Module):
         )
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps) if is_last_stage() else None
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        assert self.embed_tokens is not None
+        return self.embed_tokens(input_ids)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -261,7 +265,7 @@ class DecoderModel(nn.Module):
         intermediate: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if self.embed_tokens is not None:
-            hidden, residual = self.embed_tokens(input_ids), None
+            hidden, residual = self.embed(input_ids), None
         else:
             assert intermediate is not None, "a later pipeline stage needs the previous' output"
             hidden, residual = intermediate
