@@ -6,6 +6,7 @@ Pure Python (no torch): the scheduler and KV manager read it too. `EngineArgs` i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,8 @@ MODEL_IMPLS = ("auto", "native", "transformers")
 # vLLM's --kv-cache-dtype names: fp8 is fp8_e4m3 (kernels/kv_quant.py maps them to torch dtypes).
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 QUANTIZATIONS = ("none", "fp8")
+# How `serve --data-parallel-size N` picks a replica (`dp/router.py`).
+ROUTER_POLICIES = ("cache-aware", "round-robin")
 
 
 @dataclass
@@ -135,6 +138,11 @@ class ParallelConfig:
     # split tensor_parallel_size x pipeline_parallel_size ways. `world_size` is one replica's.
     data_parallel_size: int = 1
     ray_address: str | None = None  # None: a local Ray started on demand
+    # The replicas' router (`--router-*`); None: the router's default. Refused without replicas.
+    router_policy: str | None = None
+    router_inflight_weight: float | None = None
+    router_kv_usage_weight: float | None = None
+    router_cpu_hit_weight: float | None = None
 
     def __post_init__(self) -> None:
         for flag, size in (
@@ -148,6 +156,37 @@ class ParallelConfig:
             raise ConfigError(
                 "--ray-address places data-parallel replicas: give --data-parallel-size 2 or "
                 "more, or drop --ray-address."
+            )
+        self._check_router()
+
+    def _check_router(self) -> None:
+        """The `--router-*` flags: known values, and only where they change something."""
+        if self.router_policy is not None and self.router_policy not in ROUTER_POLICIES:
+            raise ConfigError(
+                f"--router-policy must be one of {', '.join(ROUTER_POLICIES)}; got "
+                f"{self.router_policy!r}."
+            )
+        weights = {
+            "--router-inflight-weight": (self.router_inflight_weight, math.inf),
+            "--router-kv-usage-weight": (self.router_kv_usage_weight, math.inf),
+            "--router-cpu-hit-weight": (self.router_cpu_hit_weight, 1.0),
+        }
+        for flag, (value, most) in weights.items():
+            if value is not None and not (0.0 <= value <= most and math.isfinite(value)):
+                accepted = "a number from 0 to 1" if most == 1.0 else "a finite number, 0 or more"
+                raise ConfigError(f"{flag} must be {accepted}; got {value}.")
+        given = [flag for flag, (value, _) in weights.items() if value is not None]
+        if self.data_parallel_size == 1 and (given or self.router_policy is not None):
+            flags = ", ".join(["--router-policy"] * (self.router_policy is not None) + given)
+            raise ConfigError(
+                f"{flags} set how requests are routed between data-parallel replicas, and one "
+                "engine has none: give --data-parallel-size 2 or more, or drop them."
+            )
+        if self.router_policy == "round-robin" and given:
+            raise ConfigError(
+                f"{', '.join(given)} weigh the cache-aware router's costs; --router-policy "
+                "round-robin takes the replicas in turn and reads no weight: drop them, or use "
+                "--router-policy cache-aware."
             )
 
     @property
@@ -291,3 +330,12 @@ class EngineConfig:
     enforce_eager: bool = False
     cuda_graph_sizes: list[int] = field(default_factory=list)
     speculative_config: SpeculativeConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.parallel_config.router_cpu_hit_weight is not None and not (
+            self.cache_config.kv_offloading_size
+        ):
+            raise ConfigError(
+                "--router-cpu-hit-weight prices prompt tokens found in a replica's CPU tier, and "
+                "there is none: add --kv-offloading-size, or drop the weight."
+            )

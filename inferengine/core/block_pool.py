@@ -10,7 +10,8 @@ the first. Reusing a cached block is an eviction, noted in `evicted` for the CPU
 KV events: with `kv_events` set to a list (a data-parallel replica does; off otherwise), every
 change to which hashes the pool holds is appended in order: (KV_STORED, hash) when a hash
 becomes findable, (KV_REMOVED, hash) when it stops being, (KV_CLEARED, b"") when all are dropped.
-Replaying them gives exactly the keys of `cached`.
+Replaying them gives exactly the keys of `cached`. The CPU tier (`HostTier`) appends its own to
+the same list: KV_CPU_STORED, KV_CPU_REMOVED and KV_CPU_CLEARED (replayed: the hashes it holds).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from inferengine.core.hashing import BlockHash
 
 KV_REMOVED, KV_STORED, KV_CLEARED = 0, 1, 2
+KV_CPU_REMOVED, KV_CPU_STORED, KV_CPU_CLEARED = 3, 4, 5
 KVEvent = tuple[int, BlockHash]
 
 

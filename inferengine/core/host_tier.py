@@ -5,12 +5,18 @@ into a slot before its GPU page is reused, and a prefix hit here is loaded back 
 page instead of being recomputed. Slots are reused least recently used first, leased ones (a
 session that asked to be kept) only after every unleased one; a slot that a copy of the current
 step reads or writes is never given away in that step.
+
+KV events: with `kv_events` set to a list (a data-parallel replica sets the block pool's), every
+change to which hashes the tier holds is appended in order: (KV_CPU_STORED, hash) when a slot is
+reserved for it (its copy runs before the step that could read it), (KV_CPU_REMOVED, hash) when
+its slot goes to another page, (KV_CPU_CLEARED, b"") when all are dropped.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
+from inferengine.core.block_pool import KV_CPU_CLEARED, KV_CPU_REMOVED, KV_CPU_STORED, KVEvent
 from inferengine.core.hashing import BlockHash
 
 
@@ -24,6 +30,7 @@ class HostTier:
         self._lease_until: dict[BlockHash, float] = {}
         self._busy: set[int] = set()  # slots a copy of this step uses
         self.num_evicted_leased = 0
+        self.kv_events: list[KVEvent] | None = None  # see the module docstring
 
     def __len__(self) -> int:
         return len(self._lru) + len(self._leased)
@@ -55,6 +62,8 @@ class HostTier:
             return None
         self._busy.add(slot)
         self._place(block_hash, slot, lease_until)
+        if self.kv_events is not None:
+            self.kv_events.append((KV_CPU_STORED, block_hash))
         return slot
 
     def lease(self, block_hash: BlockHash, until: float) -> None:
@@ -81,6 +90,8 @@ class HostTier:
         self._leased.clear()
         self._lease_until.clear()
         self._busy.clear()
+        if self.kv_events is not None:
+            self.kv_events.append((KV_CPU_CLEARED, b""))
 
     def _place(self, block_hash: BlockHash, slot: int, lease_until: float) -> None:
         if lease_until > 0.0:
@@ -98,5 +109,7 @@ class HostTier:
                 if order is self._leased:
                     del self._lease_until[block_hash]
                     self.num_evicted_leased += 1
+                if self.kv_events is not None:
+                    self.kv_events.append((KV_CPU_REMOVED, block_hash))
                 return slot
         return None

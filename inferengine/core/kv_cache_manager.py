@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from inferengine.core.block_pool import BlockPool, KVCacheBlock
+from inferengine.core.block_pool import BlockPool, KVCacheBlock, KVEvent
 from inferengine.core.host_tier import HostTier
 from inferengine.core.request import Request
 
@@ -58,6 +58,22 @@ class KVCacheManager:
     @property
     def usage(self) -> float:
         return self.pool.usage
+
+    def enable_kv_events(self) -> None:
+        """Record, in one ordered list, every change to the hashes the GPU pool and the CPU tier
+        hold (`block_pool.py` lists the events; a data-parallel replica's router replays them)."""
+        self.pool.kv_events = []
+        if self.host is not None:
+            self.host.kv_events = self.pool.kv_events
+
+    def take_kv_events(self) -> list[KVEvent]:
+        """The events recorded since the last call, oldest first ([] when not recording)."""
+        events = self.pool.kv_events
+        if not events:
+            return []
+        taken = events.copy()
+        events.clear()  # the one list both tiers append to stays in place
+        return taken
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest run of leading full blocks already in the GPU pool, and their tokens.

@@ -95,9 +95,7 @@ class DPClient:
         self.block_size = config.cache_config.block_size
         self.caching = config.cache_config.enable_prefix_caching
         self.slots = [ReplicaSlot(h) for h in handles]
-        self.router = Router(
-            len(handles), router_config or RouterConfig(block_size=self.block_size)
-        )
+        self.router = Router(len(handles), router_config or RouterConfig.from_engine_config(config))
         self.requests: dict[str, _Tracked] = {}
         self.parked: list[_Tracked] = []  # waiting for a replica to come back
         self.ready_info: dict[str, Any] = {}
@@ -409,6 +407,7 @@ class DPClient:
                     "prefix_cache_hits": s.prefix_cache_hits if s else 0,
                     "prefix_cache_hit_rate": hit_rate(s),
                     "cached_blocks_indexed": len(view.cached),
+                    "cpu_cached_blocks_indexed": len(view.cpu_cached),
                     "restarts": slot.restarts,
                 }
             )

@@ -2,10 +2,10 @@
 
 The core runs its busy loop on a thread of its own (as in `core_proc`, without sockets): requests,
 aborts and utility calls arrive through a queue, and each step's outputs leave as msgpack frames
-(`ReplicaFrame`: the outputs plus the block pool's KV events) that the API process reads through
-the `outputs()` stream. Ray carries calls and frames between nodes and restarts the actor (its
-`__init__` again: a new engine, an empty cache) when it dies. If the loop fails, the process
-exits, so that Ray restarts it.
+(`ReplicaFrame`: the outputs plus the KV events of its GPU pool and CPU tier) that the API
+process reads through the `outputs()` stream. Ray carries calls and frames between nodes and
+restarts the actor (its `__init__` again: a new engine, an empty cache) when it dies. If the
+loop fails, the process exits, so that Ray restarts it.
 
 This module does not import Ray: `dp/ray_backend.py` wraps the class as an actor.
 """
@@ -35,7 +35,8 @@ FRAME_POLL_S = 0.5  # the outputs stream wakes this often when there is nothing 
 
 class ReplicaFrame(msgspec.Struct, array_like=True):
     """What one step of a replica sends back: its outputs and the KV events since the last
-    frame, in order: (0 removed | 1 stored | 2 cleared, block hash)."""
+    frame, in order: (kind, block hash), kinds as in `core/block_pool.py` (0 removed, 1 stored,
+    2 cleared in the GPU pool; 3, 4, 5 the same in the CPU tier)."""
 
     outputs: EngineCoreOutputs
     kv_events: list[tuple[int, bytes]] = []
@@ -57,8 +58,8 @@ class EngineLoop:
 
         self.config = config
         self.core = EngineCore(config)
-        self.pool = self.core.scheduler.kv_cache_manager.pool
-        self.pool.kv_events = []
+        self.kv = self.core.scheduler.kv_cache_manager
+        self.kv.enable_kv_events()
         self.inputs: queue.Queue[tuple[int, Any]] = queue.Queue()
         self.frames: queue.Queue[bytes] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="EngineReplicaLoop", daemon=True)
@@ -110,12 +111,11 @@ class EngineLoop:
                 future.set_result(msgspec.to_builtins(result.result))
 
     def _send(self, outputs: EngineCoreOutputs | None, force: bool = False) -> None:
-        events = self.pool.kv_events
         has_outputs = outputs is not None and (outputs.outputs or outputs.errors)
-        if not has_outputs and not events and not force:
+        if not has_outputs and not self.kv.pool.kv_events and not force:
             return
-        self.pool.kv_events = []
-        self.frames.put(encode_frame(ReplicaFrame(outputs or EngineCoreOutputs(), events or [])))
+        events = self.kv.take_kv_events()
+        self.frames.put(encode_frame(ReplicaFrame(outputs or EngineCoreOutputs(), events)))
 
     def next_frames(self, timeout: float) -> list[bytes]:
         """The frames ready now (waiting up to `timeout` for the first); [] if none."""

@@ -1,20 +1,24 @@
 """`Router`: picks the replica for each request from what its KV cache holds and how loaded it is.
 
-Each replica's prefix index is the set of block hashes its block pool holds, replayed from the
-replica's KV events (stored, removed, cleared): never guessed from past routing. Requests routed
-to a replica and not yet finished add their prompt's hashes there as well (their pages will be
-computed there before any later request is scheduled), so a burst of requests sharing a prefix
-follows the first instead of spreading before the first events arrive.
+Each replica's prefix index is the set of block hashes its block pool holds, and the set its CPU
+tier holds, replayed from the replica's KV events (stored, removed, cleared, per tier): never
+guessed from past routing. Requests routed to a replica and not yet finished add their prompt's
+hashes to its pool's set as well (their pages will be computed there before any later request
+is scheduled), so a burst of requests sharing a prefix follows the first instead of spreading
+before the first events arrive. As in the engine's lookup, a prompt's hits are the leading run
+of blocks in the pool, then the run after it in the CPU tier (loaded back, not recomputed).
 
-The cost of sending a request to a replica, in prompt tokens:
+The cost of sending a request to a replica, in prompt tokens (policy "cache-aware"):
 
-    (prompt tokens not in its cache) + load_cost_tokens * (requests in flight there)
-                                     + kv_usage_cost_tokens * (its KV cache usage)
+    (prompt tokens in neither tier) + cpu_hit_cost * (prompt tokens found in its CPU tier only)
+        + load_cost_tokens * (requests in flight there) + kv_usage_cost_tokens * (KV usage)
 
-and the cheapest replica wins (ties: fewer in flight, fewer served, lower id). A replica with
+and the cheapest replica wins (ties: fewer in flight, fewer served, lower id). Policy
+"round-robin" takes the replicas that are up in turn, whatever they hold. A replica with
 `balance_abs` more requests in flight than the least loaded one, and `balance_ratio` times as
 many, is passed over whatever its cache holds. A request with a session key (`prompt_cache_key`)
-goes where its session went, while that replica is up. Pure Python: every decision is exact.
+goes where its session went, while that replica is up, under either policy (its leased pages
+are there). Pure Python: every decision is exact.
 """
 
 from __future__ import annotations
@@ -23,26 +27,58 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from inferengine.core.block_pool import KV_CLEARED, KV_REMOVED, KV_STORED, KVEvent
+from inferengine.config import EngineConfig
+from inferengine.core.block_pool import (
+    KV_CLEARED,
+    KV_CPU_CLEARED,
+    KV_CPU_REMOVED,
+    KV_CPU_STORED,
+    KV_REMOVED,
+    KV_STORED,
+    KVEvent,
+)
 from inferengine.core.hashing import BlockHash
 from inferengine.errors import EngineDeadError
 
-REASONS = ("session", "prefix", "load")  # why a replica was picked (counted per reason)
+# Why a replica was picked (counted per reason), by policy.
+POLICY_REASONS = {
+    "cache-aware": ("session", "prefix", "load"),
+    "round-robin": ("session", "round_robin"),
+}
+REASONS = ("session", "prefix", "load", "round_robin")
 
 
 @dataclass
 class RouterConfig:
     block_size: int = 16
+    policy: str = "cache-aware"  # or "round-robin" (config.ROUTER_POLICIES)
     # What one more request in flight on a replica costs, in prompt tokens to compute.
     load_cost_tokens: float = 16.0
     # What a full KV cache costs (scaled by usage): its cached prefixes are about to go, and
     # new requests may preempt running ones.
     kv_usage_cost_tokens: float = 64.0
+    # What a prompt token found only in the CPU tier costs, as a fraction of one to compute:
+    # its page is copied back over the host link instead of being computed.
+    cpu_hit_cost: float = 0.25
     # A replica this far above the least loaded one (in requests in flight, both conditions)
     # gets no new request unless its session is there.
     balance_abs: int = 32
     balance_ratio: float = 1.5
     max_sessions: int = 65536  # session -> replica entries kept (least recently used dropped)
+
+    @classmethod
+    def from_engine_config(cls, config: EngineConfig) -> RouterConfig:
+        """The router of `serve --data-parallel-size N`: the `--router-*` flags given, the
+        defaults above for the rest."""
+        pc = config.parallel_config
+        given = {
+            "policy": pc.router_policy,
+            "load_cost_tokens": pc.router_inflight_weight,
+            "kv_usage_cost_tokens": pc.router_kv_usage_weight,
+            "cpu_hit_cost": pc.router_cpu_hit_weight,
+        }
+        values = {k: v for k, v in given.items() if v is not None}
+        return cls(block_size=config.cache_config.block_size, **values)
 
 
 @dataclass
@@ -51,7 +87,8 @@ class ReplicaView:
 
     replica_id: int
     up: bool = True
-    cached: set[BlockHash] = field(default_factory=set)  # replayed KV events
+    cached: set[BlockHash] = field(default_factory=set)  # replayed KV events: the GPU pool
+    cpu_cached: set[BlockHash] = field(default_factory=set)  # and the CPU tier
     pending: Counter[BlockHash] = field(default_factory=Counter)  # hashes of requests in flight
     in_flight: int = 0  # requests routed here and not finished
     served: int = 0  # requests finished here
@@ -60,7 +97,8 @@ class ReplicaView:
     kv_usage: float = 0.0
 
     def cached_prefix_blocks(self, hashes: Sequence[BlockHash]) -> int:
-        """Leading blocks of a prompt (given by their hashes) this replica holds or computes."""
+        """Leading blocks of a prompt (given by their hashes) this replica's pool holds or
+        computes."""
         n = 0
         for h in hashes:
             if h not in self.cached and not self.pending[h]:
@@ -68,13 +106,25 @@ class ReplicaView:
             n += 1
         return n
 
+    def hit_blocks(self, hashes: Sequence[BlockHash]) -> tuple[int, int]:
+        """A prompt's hits as the engine finds them: (leading blocks in the pool or being
+        computed, blocks continuing that run in the CPU tier)."""
+        gpu = self.cached_prefix_blocks(hashes)
+        cpu = 0
+        for h in hashes[gpu:]:
+            if h not in self.cpu_cached:
+                break
+            cpu += 1
+        return gpu, cpu
+
 
 @dataclass(frozen=True, slots=True)
 class RouteDecision:
     replica_id: int
     reason: str  # one of REASONS
-    cached_tokens: int  # prompt tokens the replica holds (or is computing) already
+    cached_tokens: int  # prompt tokens the replica holds (or is computing) already, either tier
     costs: tuple[float, ...]  # per replica (inf: down or passed over), for logs and tests
+    cpu_cached_tokens: int = 0  # of `cached_tokens`, those found in its CPU tier only
 
 
 @dataclass(slots=True)
@@ -89,8 +139,10 @@ class Router:
         self.replicas = [ReplicaView(i) for i in range(num_replicas)]
         self.sessions: OrderedDict[str, int] = OrderedDict()
         self.assigned: dict[str, _Assignment] = {}
-        self.decisions: Counter[str] = Counter({reason: 0 for reason in REASONS})
+        reasons = POLICY_REASONS[self.config.policy]
+        self.decisions: Counter[str] = Counter(dict.fromkeys(reasons, 0))
         self.rerouted = 0  # requests sent elsewhere after their replica died
+        self._turn = 0  # round-robin: the replica to try first next time
 
     # ---- decisions ---------------------------------------------------------------------
 
@@ -107,18 +159,16 @@ class Router:
         live = [r for r in self.replicas if r.up]
         if not live:
             raise EngineDeadError("no engine replica is up; retry shortly.")
-        bs = self.config.block_size
         decision = self._session_decision(session, block_hashes)
-        if decision is None:
+        if decision is None and self.config.policy == "round-robin":
+            decision = self._round_robin_decision(block_hashes)
+        elif decision is None:
             costs = self._costs(live, block_hashes, num_prompt_tokens)
             best = min(
                 (r for r in live if costs[r.replica_id] != float("inf")),
                 key=lambda r: (costs[r.replica_id], r.in_flight, r.served, r.replica_id),
             )
-            hits = best.cached_prefix_blocks(block_hashes)
-            decision = RouteDecision(
-                best.replica_id, "prefix" if hits else "load", hits * bs, tuple(costs)
-            )
+            decision = self._decision(best, block_hashes, "prefix", tuple(costs))
         self._assign(request_id, decision.replica_id, block_hashes)
         if session is not None:
             self.sessions[session] = decision.replica_id
@@ -137,9 +187,30 @@ class Router:
         replica = self.replicas[self.sessions[session]]
         if not replica.up:
             return None
-        hits = replica.cached_prefix_blocks(block_hashes)
         costs = tuple(0.0 if r is replica else float("inf") for r in self.replicas)
-        return RouteDecision(replica.replica_id, "session", hits * self.config.block_size, costs)
+        return self._decision(replica, block_hashes, "session", costs)
+
+    def _round_robin_decision(self, block_hashes: Sequence[BlockHash]) -> RouteDecision:
+        """The next replica that is up, after the one picked last (whatever they hold)."""
+        n = len(self.replicas)
+        replica = next(r for i in range(n) if (r := self.replicas[(self._turn + i) % n]).up)
+        self._turn = (replica.replica_id + 1) % n
+        costs = tuple(0.0 if r is replica else float("inf") for r in self.replicas)
+        return self._decision(replica, block_hashes, "round_robin", costs)
+
+    def _decision(
+        self,
+        replica: ReplicaView,
+        block_hashes: Sequence[BlockHash],
+        reason: str,
+        costs: tuple[float, ...],
+    ) -> RouteDecision:
+        """`reason` "prefix" becomes "load" when the replica holds none of the prompt."""
+        gpu, cpu = replica.hit_blocks(block_hashes)
+        if reason == "prefix" and not gpu + cpu:
+            reason = "load"
+        bs = self.config.block_size
+        return RouteDecision(replica.replica_id, reason, (gpu + cpu) * bs, costs, cpu * bs)
 
     def _costs(
         self, live: list[ReplicaView], block_hashes: Sequence[BlockHash], num_prompt_tokens: int
@@ -151,9 +222,11 @@ class Router:
             over = r.in_flight - least
             if over > c.balance_abs and r.in_flight > c.balance_ratio * least:
                 continue  # passed over: too far above the least loaded replica
-            uncached = num_prompt_tokens - r.cached_prefix_blocks(block_hashes) * c.block_size
+            gpu, cpu = r.hit_blocks(block_hashes)
+            uncached = num_prompt_tokens - (gpu + cpu) * c.block_size
             costs[r.replica_id] = (
                 max(0, uncached)
+                + c.cpu_hit_cost * cpu * c.block_size
                 + c.load_cost_tokens * r.in_flight
                 + c.kv_usage_cost_tokens * r.kv_usage
             )
@@ -187,14 +260,21 @@ class Router:
     # ---- what the replicas report ------------------------------------------------------
 
     def apply_kv_events(self, replica_id: int, events: Iterable[KVEvent]) -> None:
-        cached = self.replicas[replica_id].cached
+        replica = self.replicas[replica_id]
+        cached, cpu_cached = replica.cached, replica.cpu_cached
         for kind, block_hash in events:
             if kind == KV_STORED:
                 cached.add(block_hash)
             elif kind == KV_REMOVED:
                 cached.discard(block_hash)
+            elif kind == KV_CPU_STORED:
+                cpu_cached.add(block_hash)
+            elif kind == KV_CPU_REMOVED:
+                cpu_cached.discard(block_hash)
             elif kind == KV_CLEARED:
                 cached.clear()
+            elif kind == KV_CPU_CLEARED:
+                cpu_cached.clear()
 
     def update_load(
         self, replica_id: int, num_running: int, num_waiting: int, kv_usage: float
@@ -209,6 +289,7 @@ class Router:
         replica = self.replicas[replica_id]
         replica.up = False
         replica.cached.clear()
+        replica.cpu_cached.clear()
         replica.kv_usage = 0.0
         replica.num_running = replica.num_waiting = 0
 
@@ -217,6 +298,7 @@ class Router:
         replica = self.replicas[replica_id]
         replica.up = True
         replica.cached.clear()
+        replica.cpu_cached.clear()
 
     @property
     def num_up(self) -> int:

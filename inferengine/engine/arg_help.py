@@ -47,6 +47,17 @@ ENGINE_HELP = {
     "the two sizes above) placed by Ray behind one endpoint, with a cache-aware router",
     "ray_address": "with --data-parallel-size: the Ray cluster to join (e.g. auto, or "
     "HEAD:6379), so replicas span its nodes; default: a local Ray started on demand",
+    "router_policy": "with --data-parallel-size: how the router picks a replica. cache-aware "
+    "(default): the least cost = uncached prompt tokens + the inflight weight x requests in "
+    "flight + the KV usage weight x KV cache usage (0-1); round-robin: the replicas in turn. "
+    "Both keep a prompt_cache_key session on its replica",
+    "router_inflight_weight": "with --data-parallel-size and the cache-aware policy: what one "
+    "request in flight on a replica costs, in prompt tokens to compute (default 16; 0 or more)",
+    "router_kv_usage_weight": "with --data-parallel-size and the cache-aware policy: what a "
+    "full KV cache costs, scaled by its usage, in prompt tokens (default 64; 0 or more)",
+    "router_cpu_hit_weight": "with --data-parallel-size and --kv-offloading-size: what a prompt "
+    "token found only in a replica's CPU tier costs, as a fraction of one to compute (default "
+    "0.25; 0 to 1)",
     "kv_offloading_size": "GiB of host memory for a CPU tier of the KV cache (summed over "
     "ranks): pages evicted from the GPU are kept there and loaded back on a prefix hit",
     "num_gpu_blocks_override": "KV pages to allocate instead of the measured number (testing)",

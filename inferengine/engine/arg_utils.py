@@ -22,6 +22,7 @@ from inferengine.config import (
     KV_CACHE_DTYPES,
     LOAD_FORMATS,
     MODEL_IMPLS,
+    ROUTER_POLICIES,
     SCHEDULING_POLICIES,
     CacheConfig,
     EngineConfig,
@@ -70,6 +71,10 @@ class EngineArgs:
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
     ray_address: str | None = None
+    router_policy: str | None = None
+    router_inflight_weight: float | None = None
+    router_kv_usage_weight: float | None = None
+    router_cpu_hit_weight: float | None = None
     num_gpu_blocks_override: int | None = None
     kv_offloading_size: float | None = None
     max_waiting_requests: int | None = None
@@ -86,6 +91,10 @@ class EngineArgs:
             self.pipeline_parallel_size,
             self.data_parallel_size,
             self.ray_address,
+            self.router_policy,
+            self.router_inflight_weight,
+            self.router_kv_usage_weight,
+            self.router_cpu_hit_weight,
         )
         _check_revision(self.model, self.revision)
         dtype_name = _DTYPE_ALIASES.get(self.dtype, self.dtype)
@@ -181,6 +190,7 @@ class EngineArgs:
             "scheduling_policy": SCHEDULING_POLICIES,
             "device": ("auto", "cuda", "cpu"),
             "kv_cache_dtype": KV_CACHE_DTYPES,
+            "router_policy": ROUTER_POLICIES,
         }
         for f in fields(cls):
             default = _env_default(f) if envs.cli_default(f.name) is not None else f.default

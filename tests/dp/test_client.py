@@ -9,7 +9,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from inferengine.core.block_pool import KV_STORED
+from inferengine.config import ParallelConfig
+from inferengine.core.block_pool import KV_CPU_STORED, KV_STORED
 from inferengine.core.engine_io import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -95,9 +96,10 @@ def request(request_id: str, prompt: list[int] = PROMPT, key: str | None = None)
     return EngineCoreRequest(request_id, prompt, SamplingParams(max_tokens=4), cache_key=key)
 
 
-def make_client(n: int = 2) -> tuple[DPClient, list[FakeReplica]]:
+def make_client(n: int = 2, **router_flags: Any) -> tuple[DPClient, list[FakeReplica]]:
     config = SimpleNamespace(
-        cache_config=SimpleNamespace(block_size=BS, enable_prefix_caching=True)
+        cache_config=SimpleNamespace(block_size=BS, enable_prefix_caching=True),
+        parallel_config=ParallelConfig(data_parallel_size=n, **router_flags),
     )
     fakes = [FakeReplica(i) for i in range(n)]
     return DPClient(config, fakes), fakes
@@ -243,6 +245,29 @@ def test_stats_sum_replicas_and_keep_counts_of_restarted_ones():
         assert await client.call_utility("reset_prefix_cache") is True
         rows = client.replica_stats()
         assert [r["pid"] for r in rows] == [100, 101] and rows[0]["restarts"] == 1
+        client.shutdown()
+
+    run(go())
+
+
+def test_router_flags_and_cpu_tier_events_reach_the_router():
+    async def go():
+        client, (a, b) = make_client(router_inflight_weight=0.0, router_cpu_hit_weight=0.5)
+        rc = client.router.config
+        assert (rc.block_size, rc.load_cost_tokens, rc.cpu_hit_cost) == (BS, 0.0, 0.5)
+        await client.wait_until_ready()
+        h = hash_prompt_blocks(PROMPT, BS)
+        a.push([], [(KV_STORED, h[0])])
+        b.push([], [(KV_CPU_STORED, x) for x in h])
+        await settle()
+        # replica 0: 13 tokens to compute; replica 1: 1, and 16 loaded from its CPU tier at 0.5
+        await client.add_request(request("x"))
+        assert (a.added, b.added) == ([], ["x"])
+        rows = client.replica_stats()
+        assert [(r["cached_blocks_indexed"], r["cpu_cached_blocks_indexed"]) for r in rows] == [
+            (1, 0),
+            (0, 4),
+        ]
         client.shutdown()
 
     run(go())
