@@ -4,7 +4,8 @@ Why llguidance (measured on the Qwen2.5 tokenizer, a nested JSON schema, 2 CPU c
 issue note): it compiles lazily (1 ms for the schema against xgrammar's 6 ms, and no step waits
 for a whole automaton), computes a token mask in 13 µs (median; xgrammar 3 µs, both far below
 a decode step), fills numpy bitmasks, so the engine core stays free of torch, and reads JSON
-schemas, regexes, choices, Lark and GBNF grammars (vLLM's `grammar` field) alike.
+schemas, regexes, choices, Lark and GBNF grammars (vLLM's `grammar` field) alike; a grammar in
+llguidance's own JSON form (a list of grammars that may reference each other) passes as it is.
 """
 
 from __future__ import annotations
@@ -36,7 +37,22 @@ def _grammar_text(kind: str, text: str, compact: bool) -> str:
         return llguidance.grammar_from("regex", text)
     if kind == "choice":
         return llguidance.grammar_from("choice", text)
+    if text.lstrip().startswith("{"):  # llguidance's own form: a list of grammars
+        return text
     return llguidance.grammar_from("gbnf" if "::=" in text else "lark", text)
+
+
+def grammar_list(params: StructuredOutputsParams) -> tuple[str, list[dict[str, Any]]]:
+    """`params`' grammar as llguidance's list of grammars, and the name of the first (where it
+    starts), by which a Lark grammar put before them in one list reaches it (`@name`)."""
+    text = grammar_text(params)
+    if text.lstrip().startswith("{"):
+        grammars = json.loads(text)["grammars"]
+    else:  # Lark text
+        grammars = [{"lark_grammar": text}]
+    name = grammars[0].get("name") or "answer"
+    grammars[0]["name"] = name
+    return name, grammars
 
 
 def check_grammar(params: StructuredOutputsParams, tokenizer: Any) -> None:

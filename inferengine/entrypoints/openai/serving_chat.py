@@ -1,9 +1,9 @@
 """`POST /v1/chat/completions`: messages through the chat template to replies, streamed or not.
 
-Tools (`tools.py`) go to the chat template; a forced tool_choice, or "auto" with strict tools,
-becomes structured output, which with a reasoning parser starts after `</think>`; the reply is
-read by `chat_reply.py` (reasoning split off, tool calls parsed from the content after it, their
-arguments streamed as they are written).
+Tools (`tools.py`) go to the chat template; a forced tool_choice, or "auto" with strict tools
+(merged with the request's `response_format`, if any), becomes structured output, which with a
+reasoning parser starts after `</think>`; the reply is read by `chat_reply.py` (reasoning split
+off, tool calls parsed from the content after it, their arguments streamed as they are written).
 """
 
 from __future__ import annotations
@@ -215,9 +215,10 @@ class ServingChat(OpenAIServing):
         )
         if parser.keeps_special_tokens:
             params.skip_special_tokens = False
-        strict = tools.strict_outputs(parser, self.tokenizer)
-        if strict is not None:  # "auto" with strict tools: their calls held by a grammar
-            self._check_structured_conflict(req, tools)
+        # "auto" with strict tools: their calls held by a grammar, which merges the request's
+        # own structured output (`response_format`) as the one other reply it allows
+        strict = tools.strict_outputs(parser, self.tokenizer, answer=params.structured_outputs)
+        if strict is not None:
             params.structured_outputs = strict
         return reader
 
@@ -244,21 +245,14 @@ class ServingChat(OpenAIServing):
 
     @staticmethod
     def _check_structured_conflict(req: ChatCompletionRequest, tools: ToolRequest) -> None:
+        """A forced tool choice with other structured output: a 400 (the reply is a call)."""
         fields = asking_fields(req)
-        if not fields:
-            return
-        if tools.forced:
-            what = f"tool_choice {_describe_choice(tools)}"
-            why = "the forced tool choice is itself structured output"
-            fix = "send only one of them"
-        else:
-            field = f"tools[{tools.strict_indexes[0]}].function.strict"
-            what = f"the strict tool tools[{tools.strict_indexes[0]}]"
-            why = "a strict tool's calls are held to its parameters by a grammar"
-            fix = f"send only one of them, or set {field} false"
-        raise InvalidRequestError(
-            f"{fields[0]} and {what} both constrain the reply ({why}); {fix}.", param=fields[0]
-        )
+        if fields:
+            raise InvalidRequestError(
+                f"{fields[0]} and tool_choice {_describe_choice(tools)} both constrain the reply "
+                "(the forced tool choice is itself structured output); send only one of them.",
+                param=fields[0],
+            )
 
     def _start_grammar_after_reasoning(
         self,

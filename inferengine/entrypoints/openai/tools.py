@@ -12,7 +12,8 @@ text free but, from the parser's call tag on (`<tool_call>`, `[TOOL_CALLS]`, `{"
 holds the call to the format the parser reads, to one of the tools' names, and to that tool's
 parameters when it is strict (any object when not; vLLM also holds tools that leave `strict`
 out to their parameters, OpenAI's API only strict ones). A strict tool with other structured
-output (`response_format`, ...) is a 400: both would constrain the reply.
+output (`response_format`, ...) merges the two, as OpenAI's API allows: the reply is either the
+answer that output asks for (the content) or only calls, held as above.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferengine.errors import InvalidRequestError
-from inferengine.structured_output.grammar import check_grammar
+from inferengine.structured_output.grammar import check_grammar, grammar_list
 from inferengine.structured_output.params import StructuredOutputsParams
 
 _CHOICES = ("none", "auto", "required")
@@ -50,12 +51,15 @@ class ToolRequest:
         """The indexes of the tools sent with `"strict": true`."""
         return [i for i, t in enumerate(self.tools) if t["function"].get("strict") is True]
 
-    def strict_outputs(self, parser: Any, tokenizer: Any) -> StructuredOutputsParams | None:
+    def strict_outputs(
+        self, parser: Any, tokenizer: Any, answer: StructuredOutputsParams | None = None
+    ) -> StructuredOutputsParams | None:
         """tool_choice "auto" with strict tools: a grammar that leaves the reply free until the
         tool parser's call tag, then holds the call to a tool's name and, for a strict tool, to
         its parameters (any object for the others); None when no tool is strict (vLLM's rule).
-        A 400 when `parser` (ToolParser) has no such grammar, or a strict tool's parameters are
-        a schema llguidance cannot read."""
+        With `answer` (the request's own structured output, as `response_format`), the reply
+        is either that answer or only such calls. A 400 when `parser` (ToolParser) has no such
+        grammar, or a strict tool's parameters are a schema llguidance cannot read."""
         if self.choice != "auto" or not self.strict_indexes:
             return None
         tools = []
@@ -66,7 +70,8 @@ class ToolRequest:
                 schema = fn["parameters"]
                 _checked(schema, f"tools[{i}].function.parameters")
             tools.append((fn["name"], schema))
-        grammar = parser.strict_grammar(tools, tokenizer)
+        name, grammars = (None, []) if answer is None else grammar_list(answer)
+        grammar = parser.strict_grammar(tools, tokenizer, answer=name)
         if grammar is None:
             field = f"tools[{self.strict_indexes[0]}].function.strict"
             raise InvalidRequestError(
@@ -75,6 +80,8 @@ class ToolRequest:
                 'tool_choice "required" or a named function.',
                 param=field,
             )
+        if grammars:  # one llguidance grammar list: the calls' Lark grammar first
+            grammar = json.dumps({"grammars": [{"lark_grammar": grammar}, *grammars]})
         try:
             params = StructuredOutputsParams(grammar=grammar)
             check_grammar(params, None)

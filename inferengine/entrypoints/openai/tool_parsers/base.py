@@ -202,10 +202,14 @@ class ToolParser:
     def stream(self, max_calls: int | None = None) -> ToolCallStream:
         return self.stream_class(max_calls)
 
-    def strict_grammar(self, tools: list[tuple[str, dict[str, Any]]], tokenizer: Any) -> str | None:
+    def strict_grammar(
+        self, tools: list[tuple[str, dict[str, Any]]], tokenizer: Any, answer: str | None = None
+    ) -> str | None:
         """A Lark grammar (llguidance's) that leaves the reply free but holds each call this
         parser reads to one of `tools` (name, arguments schema): tool_choice "auto" with
-        `strict` tools. None when this parser has none."""
+        `strict` tools. With `answer` (the name of another grammar beside it, as the request's
+        `response_format`), the reply is either that grammar's or only calls (`calls_grammar`).
+        None when this parser has none."""
         return None
 
 
@@ -220,32 +224,77 @@ def lark_string(text: str) -> str:
     return _json_text(text)
 
 
-def lark_json(schema: dict[str, Any]) -> str:
-    """`schema` as an llguidance `%json` item, whitespace as the model likes it."""
+def lark_json(schema: dict[str, Any], spaced: bool = False) -> str:
+    """`schema` as an llguidance `%json` item, whitespace as the model likes it; `spaced`: as
+    `json.dumps` writes it (`": "` and `", "`, no other whitespace), which keeps it in one
+    lexer with a JSON answer (compact JSON: no whitespace either)."""
+    if spaced:
+        options = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
+        schema = {**schema, "x-guidance": options}
     return "%json " + _json_text(schema)
 
 
 def lark_token(tokenizer: Any, text: str) -> str:
-    """How a Lark grammar spells `text`: the special token it is (by id), or the string."""
+    """How a Lark grammar spells `text`: the special token it is (by id), the token of its own
+    that is not special (Qwen's `<tool_call>`) or the string, or the string."""
+    token, string = _token_forms(tokenizer, text)
+    if token is None or string is None:
+        return token or string or ""
+    return f"({token} | {string})"
+
+
+def _token_forms(tokenizer: Any, text: str) -> tuple[str | None, str | None]:
+    """`text` as a Lark token (by id) and as a Lark string, each None where it cannot be
+    written so. llguidance counts every added token as special, one no string can spell, so a
+    token of its own that is not special is both: the model's token and the string in
+    pieces."""
     token_id = tokenizer.convert_tokens_to_ids(text)
     added = getattr(tokenizer, "added_tokens_decoder", {}).get(token_id)
     if (
         isinstance(token_id, int)
         and tokenizer.convert_ids_to_tokens(token_id) == text
         and added is not None
-        and added.special
     ):
-        return f"<[{token_id}]>"
-    return lark_string(text)
+        return f"<[{token_id}]>", None if added.special else lark_string(text)
+    return None, lark_string(text)
 
 
-def free_text_with_calls(tokenizer: Any, tag: str, call: str, rules: str = "") -> str:
-    """The Lark grammar of a reply that is free text with calls in it, each `tag` then `call`
-    (and further `rules`). A tag that is a special token is one the text cannot hold; a tag
-    that is text ends the free text lazily, as soon as it is written."""
-    token = lark_token(tokenizer, tag)
-    if token.startswith("<["):
-        head = f"call: TEXT {token} "
-    else:
-        head = f"trigger[lazy]: TEXT {token}\ncall: trigger "
-    return "%llguidance {}\nstart: call* TEXT\nTEXT: /(.|\\n)*/\n" + head + call + "\n" + rules
+def calls_grammar(
+    tokenizer: Any,
+    tag: str | None,
+    call: str,
+    rules: str = "",
+    answer: str | None = None,
+    separator: str = "",
+) -> str:
+    """The Lark grammar of a reply with calls in it, each `tag` then `call` (and further
+    `rules`).
+
+    Without `answer`: free text with calls in it. A tag that is a token of its own is one the
+    text cannot hold; a tag that is text ends the free text lazily, as soon as it is written.
+
+    With `answer`, the name of another grammar of the same llguidance grammar list: either
+    that grammar's reply (`@answer`) or only calls, with whitespace and `separator` (a Lark
+    item) between them and whitespace after them; `tag` may then be None (`call` says how a
+    call starts). llguidance lexes a grammar it names apart: where a call and the answer may
+    begin with the same text, its lexer takes one side only (the reply stays valid, the other
+    side is lost), unless the call is JSON as the answer is (`%json` items without whitespace
+    between tokens share one lexer).
+    """
+    if answer is not None:
+        head = "" if tag is None else lark_token(tokenizer, tag) + " "
+        between = f"WS? {separator} WS?" if separator else "WS?"
+        return (
+            f"%llguidance {{}}\nstart: @{answer} | call ({between} call)* WS?\n"
+            f"WS: /[ \\t\\r\\n]+/\ncall: {head}{call}\n{rules}"
+        )
+    assert tag is not None
+    token, string = _token_forms(tokenizer, tag)
+    heads = [] if token is None else [f"TEXT {token}"]
+    if string is not None:
+        rules = f"trigger[lazy]: TEXT {string}\n" + rules
+        heads.append("trigger")
+    return (
+        "%llguidance {}\nstart: call* TEXT\nTEXT: /(.|\\n)*/\n"
+        f"call: ({' | '.join(heads)}) {call}\n{rules}"
+    )

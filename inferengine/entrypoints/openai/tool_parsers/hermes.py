@@ -10,7 +10,7 @@ from typing import Any
 from inferengine.entrypoints.openai.tool_parsers.base import (
     ToolCallStream,
     ToolParser,
-    free_text_with_calls,
+    calls_grammar,
     lark_json,
     lark_string,
     lark_token,
@@ -70,7 +70,9 @@ class HermesToolParser(ToolParser):
     name = "hermes"
     stream_class = HermesStream
 
-    def strict_grammar(self, tools: list[tuple[str, dict[str, Any]]], tokenizer: Any) -> str:
+    def strict_grammar(
+        self, tools: list[tuple[str, dict[str, Any]]], tokenizer: Any, answer: str | None = None
+    ) -> str:
         # As the Hermes and Qwen templates write a call (vLLM's two forms: with and without
         # the newlines).
         calls = " | ".join(
@@ -80,6 +82,9 @@ class HermesToolParser(ToolParser):
             for name, schema in tools
         )
         end = lark_token(tokenizer, END)
-        return free_text_with_calls(
-            tokenizer, START, f'"\\n"? "{{\\"name\\": " ({calls}) "}}" "\\n"? {end}'
+        return calls_grammar(
+            tokenizer,
+            START,
+            f'"\\n"? "{{\\"name\\": " ({calls}) "}}" "\\n"? {end}',
+            answer=answer,
         )

@@ -11,7 +11,7 @@ from typing import Any
 from inferengine.entrypoints.openai.tool_parsers.base import (
     ToolCallStream,
     ToolParser,
-    free_text_with_calls,
+    calls_grammar,
     lark_json,
     lark_string,
     skip_space,
@@ -20,6 +20,8 @@ from inferengine.entrypoints.openai.tool_parsers.json_scan import CallReader, Re
 
 TAG = "<|python_tag|>"
 _TRIGGER = '{"name": "'
+# Keys that only mean something at the root of a schema.
+_ROOT_ONLY = ("$schema", "$id")
 _START, _CONTENT, _CALLS, _CALL, _REST = range(5)
 
 
@@ -93,7 +95,13 @@ class Llama3JsonToolParser(ToolParser):
     name = "llama3_json"
     stream_class = Llama3JsonStream
 
-    def strict_grammar(self, tools: list[tuple[str, dict[str, Any]]], tokenizer: Any) -> str:
+    def strict_grammar(
+        self, tools: list[tuple[str, dict[str, Any]]], tokenizer: Any, answer: str | None = None
+    ) -> str:
+        if answer is not None:
+            # A call is JSON as the answer may be: both must be JSON of one lexer (base.py).
+            calls = " | ".join(lark_json(_call_schema(n, s), spaced=True) for n, s in tools)
+            return calls_grammar(tokenizer, None, f"({calls})", answer=answer, separator='";"')
         # As Llama 3's template writes a call; the grammar starts at `{"name": "`.
         calls = " | ".join(
             lark_string(json.dumps(name, ensure_ascii=False)[1:] + ', "parameters": ')
@@ -101,4 +109,20 @@ class Llama3JsonToolParser(ToolParser):
             + lark_json(schema)
             for name, schema in tools
         )
-        return free_text_with_calls(tokenizer, _TRIGGER, f'({calls}) "}}"')
+        return calls_grammar(tokenizer, _TRIGGER, f'({calls}) "}}"')
+
+
+def _call_schema(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema of a call to `name`, `{"name": ..., "parameters": ...}`; the parameters'
+    definitions move to the root, where their references point."""
+    parameters = {k: v for k, v in parameters.items() if k not in _ROOT_ONLY}
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {"name": {"const": name}, "parameters": parameters},
+        "required": ["name", "parameters"],
+        "additionalProperties": False,
+    }
+    for key in ("$defs", "definitions"):
+        if key in parameters:
+            schema[key] = parameters.pop(key)
+    return schema

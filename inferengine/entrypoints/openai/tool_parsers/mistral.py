@@ -15,7 +15,7 @@ from typing import Any
 from inferengine.entrypoints.openai.tool_parsers.base import (
     ToolCallStream,
     ToolParser,
-    free_text_with_calls,
+    calls_grammar,
     lark_json,
     lark_string,
     lark_token,
@@ -151,7 +151,9 @@ class MistralToolParser(ToolParser):
     def make_call_id(self) -> str:
         return random_alphanumeric(9)
 
-    def strict_grammar(self, tools: list[tuple[str, dict[str, Any]]], tokenizer: Any) -> str:
+    def strict_grammar(
+        self, tools: list[tuple[str, dict[str, Any]]], tokenizer: Any, answer: str | None = None
+    ) -> str:
         # The form this tokenizer's models write: with an [ARGS] token, one call per tag.
         args = lark_token(tokenizer, ARGS)
         if args.startswith("<["):
@@ -161,12 +163,12 @@ class MistralToolParser(ToolParser):
                 f"{lark_string(name)} {maybe_id}{args} {lark_json(schema)}"
                 for name, schema in tools
             )
-            return free_text_with_calls(tokenizer, TAG, f"({calls})")
+            return calls_grammar(tokenizer, TAG, f"({calls})", answer=answer)
         items = " | ".join(
             lark_string('{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ')
             + f" {lark_json(schema)}"
             for name, schema in tools
         )
-        return free_text_with_calls(
-            tokenizer, TAG, '"[" item (", " item)* "]"', f'item: ({items}) "}}"\n'
+        return calls_grammar(
+            tokenizer, TAG, '"[" item (", " item)* "]"', f'item: ({items}) "}}"\n', answer=answer
         )
