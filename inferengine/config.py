@@ -14,7 +14,7 @@ from inferengine.errors import ConfigError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flex")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "flex")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 MODEL_IMPLS = ("auto", "native", "transformers")
 # vLLM's --kv-cache-dtype names: fp8 is fp8_e4m3 (kernels/kv_quant.py maps them to torch dtypes).

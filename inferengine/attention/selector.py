@@ -54,6 +54,12 @@ def _torch() -> AttentionBackend:
     return TorchAttentionBackend()
 
 
+def _cpu() -> AttentionBackend:
+    from inferengine.attention.backends.cpu import CpuAttentionBackend
+
+    return CpuAttentionBackend()
+
+
 def _triton() -> AttentionBackend:
     from inferengine.attention.backends.triton_backend import TritonAttentionBackend
 
@@ -80,6 +86,8 @@ def usable_backends(
     backends: dict[str, Callable[[], AttentionBackend]] = {}
     if _triton_usable(device) and triton_unsupported_reason(shape) is None:
         backends["triton"] = _triton
+    if device == "cpu":
+        backends["cpu"] = _cpu
     backends["torch"] = _torch
     if flex_available() and _flex_reads(device, shape):
         backends["flex"] = _flex
@@ -90,7 +98,7 @@ def get_attention_backend(
     name: str, device: str, shape: AttentionShape | None = None
 ) -> AttentionBackend:
     """The backend `name` for `device`; `auto` is Triton on CUDA unless it cannot run
-    `shape`, where it falls back to the torch reference (logged)."""
+    `shape`, where it falls back to the torch reference (logged), and `cpu` on the CPU."""
     if name not in ATTENTION_BACKENDS:
         raise ConfigError(
             f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}; got {name!r}."
@@ -98,7 +106,7 @@ def get_attention_backend(
     why_not = triton_unsupported_reason(shape) if shape is not None else None
     usable = _triton_usable(device)
     if name == "auto":
-        name = "triton" if usable and why_not is None else "torch"
+        name = "triton" if usable and why_not is None else "cpu" if device == "cpu" else "torch"
         if usable and why_not is not None:
             logger.warning("attention: %s, so the torch reference runs it (slower)", why_not)
     if name == "triton" and not usable:
@@ -116,7 +124,7 @@ def get_attention_backend(
             "--attention-backend flex cannot read an fp8 KV cache on CUDA; use "
             "--attention-backend triton or auto, or --kv-cache-dtype auto."
         )
-    return {"torch": _torch, "triton": _triton, "flex": _flex}[name]()
+    return {"torch": _torch, "cpu": _cpu, "triton": _triton, "flex": _flex}[name]()
 
 
 def select_attention_backend(

@@ -33,7 +33,8 @@ ENGINE_HELP = {
     "model_impl": "auto: our own model code when the architecture has it, else Transformers' "
     "modeling code on our paged attention; native: ours only; transformers: always Transformers'",
     "device": "auto, cuda or cpu",
-    "attention_backend": "attention implementation (auto: triton on CUDA, torch elsewhere)",
+    "attention_backend": "attention implementation (auto: triton on CUDA, cpu on the CPU; torch: "
+    "the plain reference)",
     "attention_backend_benchmark": "with --attention-backend auto: time the usable backends on "
     "the model's shape at start-up and keep the fastest (remembered per device and shape)",
     "enforce_eager": "no CUDA graphs",

@@ -129,9 +129,9 @@ class CudaGraphRunner:
     def _forward(self, shape: GraphShape) -> torch.Tensor:
         b = self.runner.buffers
         n = shape.num_tokens
-        return self.runner.model(
-            b.input_ids[:n], b.positions[:n], self.runner.kv_caches, self.metadata(shape)
-        )
+        metadata = self.metadata(shape)
+        metadata.per_step.clear()  # this metadata serves every step of its shape
+        return self.runner.model(b.input_ids[:n], b.positions[:n], self.runner.kv_caches, metadata)
 
     @torch.inference_mode()
     def capture(self) -> float:

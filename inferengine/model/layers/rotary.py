@@ -202,9 +202,28 @@ class RotaryEmbedding(nn.Module):
             from inferengine.kernels.rotary import rotary_embedding
 
             return rotary_embedding(positions, query, key, self.cos_sin_cache, self.head_dim)
+        if self.rotary_dim == self.head_dim:
+            return self._rotate_whole_heads(positions, query, key)
         cos_sin = self.cos_sin_cache[positions]
         cos, sin = cos_sin.chunk(2, dim=-1)
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+
+    def _rotate_whole_heads(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_rotate`'s products and sums in fewer ops (each costs microseconds on a CPU): the
+        tables are built once for query and key, and rotate-half is a roll of each head with
+        the sign folded into sin: x·cos + roll(x)·(−sin | sin) = x·cos + (−x2 | x1)·sin."""
+        cos, sin = self.cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
+        cos = torch.cat([cos, cos], dim=-1).unsqueeze(1).to(query.dtype)
+        sin = torch.cat([-sin, sin], dim=-1).unsqueeze(1).to(query.dtype)
+        half = self.head_dim // 2
+
+        def rotate(x: torch.Tensor) -> torch.Tensor:
+            heads = x.view(x.shape[0], -1, self.head_dim)
+            return (heads * cos + heads.roll(half, dims=-1) * sin).view(x.shape)
+
+        return rotate(query), rotate(key)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         shape = x.shape
