@@ -64,7 +64,10 @@ def batch1_floor(
     if model_dir is None:
         return {"floor_ms": None, "reason": "no --model-dir to read the config from"}
     try:
+        from inferengine.model.gemma3_mm import text_only_config
+
         config = json.loads(Path(model_dir, "config.json").read_text(encoding="utf-8"))
+        config = text_only_config(config)  # a multimodal Gemma 3's text settings
         dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
         context = input_len + output_len / 2
         counted = decode_step_bytes(config, 1, context, DTYPE_BYTES.get(str(dtype), 2))

@@ -23,6 +23,7 @@ _BUILTIN = {
     "Qwen3ForCausalLM": "inferengine.model.llama:Qwen3ForCausalLM",
     "Gemma2ForCausalLM": "inferengine.model.gemma:Gemma2ForCausalLM",
     "Gemma3ForCausalLM": "inferengine.model.gemma:Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration": "inferengine.model.gemma3_mm:Gemma3ForConditionalGeneration",
     "MixtralForCausalLM": "inferengine.model.moe:MixtralForCausalLM",
     "Qwen3MoeForCausalLM": "inferengine.model.moe:Qwen3MoeForCausalLM",
     "Phi3ForCausalLM": "inferengine.model.llama:Phi3ForCausalLM",

@@ -43,6 +43,9 @@ def resolve_model(
         raise ModelLoadError(
             f"{config_file} is not valid JSON ({e}); fix or re-download it."
         ) from e
+    from inferengine.model.gemma3_mm import text_only_config
+
+    hf_config = text_only_config(hf_config)  # a multimodal config read as its text model's
     gen_file = path / "generation_config.json"
     generation_config = json.loads(gen_file.read_text()) if gen_file.exists() else {}
     fmt = "dummy" if load_format == "dummy" else "safetensors"
