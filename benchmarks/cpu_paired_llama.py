@@ -95,7 +95,9 @@ def start_server(system: str, args: argparse.Namespace, model: Path, log: Path):
     return server, f"http://127.0.0.1:{port}", command
 
 
-def bench(url: str, model: Path, streams: int, prompts: int, args, out: Path) -> dict:
+def bench(url: str, model: Path, streams: int, prompts: int, args, out: Path, seed: int) -> dict:
+    """One client run; each run has its own prompts (`seed`), so none is a prefix-cache hit
+    left by an earlier run on the same server."""
     name = f"c{streams}.json"
     command = [
         sys.executable,
@@ -122,6 +124,8 @@ def bench(url: str, model: Path, streams: int, prompts: int, args, out: Path) ->
         "--ignore-eos",
         "--temperature",
         "0",
+        "--seed",
+        str(seed),
         "--disable-tqdm",
         "--save-result",
         "--result-dir",
@@ -139,9 +143,11 @@ def one_system(system: str, args, model: Path, work: Path, logs: dict) -> dict:
     server, url, command = start_server(system, args, model, log)
     try:
         ready_s = wait_ready(url, server)
-        bench(url, model, max(args.streams), max(args.streams), args, work)  # warm-up
+        warm = max(args.streams)
+        bench(url, model, warm, warm, args, work, seed=1000)  # warm-up
         runs = {
-            s: bench(url, model, s, args.prompts_per_stream * s, args, work) for s in args.streams
+            s: bench(url, model, s, args.prompts_per_stream * s, args, work, seed=s)
+            for s in args.streams
         }
         if system == "llama-server":
             runs["answers"] = llama_answers(url)
@@ -261,7 +267,7 @@ def main() -> None:
             "ignore_eos": True,
             "temperature": 0,
             "cores": args.cores,
-            "warm_up": "one full batch",
+            "warm_up": "one full batch of other prompts (seed 1000); run with S streams uses seed S",
         },
         "summary": summarise(rounds, args.streams),
         "rounds": rounds,

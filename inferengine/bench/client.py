@@ -155,14 +155,19 @@ class _StreamTimer:
         out.success = True
 
 
+_STALE_TRIES = 1 + 256  # a pool of up to 256 dead connections (the largest concurrency we run)
+
+
 async def _post(
     session: aiohttp.ClientSession, req: RequestInput, timeout_s: float | None, out: RequestOutput
 ) -> aiohttp.ClientResponse:
-    """POST `req`; once more when the connection drops before any byte of a response came back.
+    """POST `req`; again when the connection drops before any byte of a response came back.
     Some servers (llama.cpp's llama-server) close each connection after a response while
-    advertising keep-alive, so a pooled connection can be dead when reused; a request that got
-    no response was not served, so the retry never counts one twice."""
-    for attempt in (1, 2):
+    advertising keep-alive, so a pooled connection can be dead when reused, and after a burst
+    every pooled one can be: each failed try discards one, so tries are bounded by the pool
+    (`_STALE_TRIES`). A request that got no response was not served, so a retry never counts
+    one twice."""
+    for attempt in range(1, _STALE_TRIES + 1):
         out.start_time = time.perf_counter()
         try:
             return await session.post(
@@ -173,7 +178,7 @@ async def _post(
         except aiohttp.ClientConnectorError:  # no connection at all: nothing stale to retry
             raise
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-            if attempt == 2:
+            if attempt == _STALE_TRIES:
                 raise
     raise AssertionError("unreachable")
 
