@@ -161,4 +161,3 @@ def test_servers_that_hang_up_after_each_response(concurrency):
     outs = asyncio.run(go())
     assert [o.error for o in outs if not o.success] == []
     assert all(o.output_tokens == 1 for o in outs)
-
