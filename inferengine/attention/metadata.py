@@ -36,3 +36,8 @@ class AttentionMetadata:
     @property
     def num_seqs(self) -> int:
         return self.seq_lens.shape[0]
+
+    @property
+    def is_decode(self) -> bool:
+        """Every sequence has exactly one query token, and no token is padding."""
+        return self.max_query_len == 1 and self.num_actual_tokens == self.num_seqs

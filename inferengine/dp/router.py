@@ -45,7 +45,6 @@ POLICY_REASONS = {
     "cache-aware": ("session", "prefix", "load"),
     "round-robin": ("session", "round_robin"),
 }
-REASONS = ("session", "prefix", "load", "round_robin")
 
 
 @dataclass
@@ -121,7 +120,7 @@ class ReplicaView:
 @dataclass(frozen=True, slots=True)
 class RouteDecision:
     replica_id: int
-    reason: str  # one of REASONS
+    reason: str  # one of POLICY_REASONS
     cached_tokens: int  # prompt tokens the replica holds (or is computing) already, either tier
     costs: tuple[float, ...]  # per replica (inf: down or passed over), for logs and tests
     cpu_cached_tokens: int = 0  # of `cached_tokens`, those found in its CPU tier only
@@ -187,16 +186,18 @@ class Router:
         replica = self.replicas[self.sessions[session]]
         if not replica.up:
             return None
-        costs = tuple(0.0 if r is replica else float("inf") for r in self.replicas)
-        return self._decision(replica, block_hashes, "session", costs)
+        return self._decision(replica, block_hashes, "session", self._only(replica))
 
     def _round_robin_decision(self, block_hashes: Sequence[BlockHash]) -> RouteDecision:
         """The next replica that is up, after the one picked last (whatever they hold)."""
         n = len(self.replicas)
         replica = next(r for i in range(n) if (r := self.replicas[(self._turn + i) % n]).up)
         self._turn = (replica.replica_id + 1) % n
-        costs = tuple(0.0 if r is replica else float("inf") for r in self.replicas)
-        return self._decision(replica, block_hashes, "round_robin", costs)
+        return self._decision(replica, block_hashes, "round_robin", self._only(replica))
+
+    def _only(self, replica: ReplicaView) -> tuple[float, ...]:
+        """The costs of a decision that considered no other replica."""
+        return tuple(0.0 if r is replica else float("inf") for r in self.replicas)
 
     def _decision(
         self,

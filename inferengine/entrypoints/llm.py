@@ -13,6 +13,7 @@ from inferengine.engine.input_processor import PromptType
 from inferengine.engine.kv_transfer import KVBundle, export_prefix, import_prefix
 from inferengine.engine.llm_engine import LLMEngine
 from inferengine.entrypoints.cache_breakpoints import cache_breakpoints, take_cache_control
+from inferengine.entrypoints.chat_content import text_parts
 from inferengine.entrypoints.openai.tools import template_tool_calls
 from inferengine.errors import InvalidRequestError
 from inferengine.outputs import RequestOutput
@@ -134,7 +135,7 @@ class LLM:
         for conv in conversations:
             conv, leases = take_cache_control(conv)  # copies: the caller's stay as given
             for i, message in enumerate(conv):
-                _refuse_non_text(message)
+                text_parts(message.get("content"))  # images and the like: a clear error
                 template_tool_calls(message, i)
             prompt = processor.chat_prompt(conv, **kwargs)
             prompts.append(prompt)
@@ -228,17 +229,3 @@ def _as_params_list(
             f"got {len(params)} SamplingParams for {n} prompts; give one, or one per prompt."
         )
     return params
-
-
-def _refuse_non_text(message: dict[str, Any]) -> None:
-    """Images (or any content part but text) have no model here to read them: refused, as the
-    server refuses them, rather than left to a chat template to turn into placeholder tokens."""
-    content = message.get("content")
-    for part in content if isinstance(content, list) else ():
-        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-        if kind != "text":
-            raise InvalidRequestError(
-                f"message content parts of type {kind!r} are not supported (InferEngine serves "
-                "text-only models); send text.",
-                param="messages",
-            )

@@ -37,16 +37,21 @@ def _grammar_text(kind: str, text: str, compact: bool) -> str:
         return llguidance.grammar_from("regex", text)
     if kind == "choice":
         return llguidance.grammar_from("choice", text)
-    if text.lstrip().startswith("{"):  # llguidance's own form: a list of grammars
+    if _is_grammar_list(text):  # llguidance's own form
         return text
     return llguidance.grammar_from("gbnf" if "::=" in text else "lark", text)
+
+
+def _is_grammar_list(text: str) -> bool:
+    """llguidance's JSON form, `{"grammars": [...]}`, rather than Lark or GBNF text."""
+    return text.lstrip().startswith("{")
 
 
 def grammar_list(params: StructuredOutputsParams) -> tuple[str, list[dict[str, Any]]]:
     """`params`' grammar as llguidance's list of grammars, and the name of the first (where it
     starts), by which a Lark grammar put before them in one list reaches it (`@name`)."""
     text = grammar_text(params)
-    if text.lstrip().startswith("{"):
+    if _is_grammar_list(text):
         grammars = json.loads(text)["grammars"]
     else:  # Lark text
         grammars = [{"lark_grammar": text}]

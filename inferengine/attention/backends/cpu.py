@@ -18,7 +18,11 @@ import torch
 import torch.nn.functional as F
 
 from inferengine.attention.backends.base import AttentionSpec, RotaryInputs
-from inferengine.attention.backends.torch_ref import TorchAttentionBackend, attend
+from inferengine.attention.backends.torch_ref import (
+    TorchAttentionBackend,
+    attend,
+    store_kv_torch,
+)
 from inferengine.attention.metadata import AttentionMetadata
 from inferengine.kernels.kv_quant import as_bytes, dequantize, quantize
 
@@ -38,8 +42,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         metadata: AttentionMetadata,
         rotary: RotaryInputs | None = None,
     ) -> torch.Tensor:
-        is_decode = metadata.max_query_len == 1 and metadata.num_actual_tokens == metadata.num_seqs
-        if not is_decode:
+        if not metadata.is_decode:
             return super().forward(spec, query, key, value, kv_cache, metadata, rotary)
         step = metadata.per_step.get(_STEP_KEY)
         if step is None:
@@ -56,14 +59,12 @@ class CpuAttentionBackend(TorchAttentionBackend):
         metadata: AttentionMetadata,
         step: _DecodeStep,
     ) -> None:
-        _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
-        flat = as_bytes(kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim))
-        n = step.num_slots
         if step.slots is None:  # some rows are padding (slot −1): the reference drops them
-            from inferengine.attention.backends.torch_ref import store_kv_torch
-
             store_kv_torch(key, value, kv_cache, metadata.slot_mapping, spec.k_scale, spec.v_scale)
             return
+        _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+        flat = as_bytes(kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim))
+        n = step.slots.shape[0]
         k, v = key[:n], value[:n]
         if k.dtype != kv_cache.dtype:
             k = quantize(k, spec.k_scale, kv_cache.dtype)
@@ -110,7 +111,6 @@ class _DecodeStep:
         num_blocks = -(-self.length // block_size)
         self.page_ids = metadata.block_table[:, :num_blocks].long().flatten()
         slot_mapping = metadata.slot_mapping
-        self.num_slots = int(slot_mapping.shape[0])
         self.slots = slot_mapping if bool((slot_mapping >= 0).all()) else None
         self._seq_lens = metadata.seq_lens.unsqueeze(1)
         self._masks: dict[int | None, torch.Tensor] = {}

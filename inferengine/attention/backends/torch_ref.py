@@ -111,7 +111,7 @@ class TorchAttentionBackend(AttentionBackend):
         rotary: RotaryInputs | None = None,
     ) -> torch.Tensor:
         store_kv_torch(key, value, kv_cache, metadata.slot_mapping, spec.k_scale, spec.v_scale)
-        if metadata.max_query_len == 1 and metadata.num_actual_tokens == metadata.num_seqs:
+        if metadata.is_decode:
             return self._decode(spec, query, kv_cache, metadata)
         out = torch.zeros_like(query)
         starts = metadata.query_start_loc_cpu

@@ -17,6 +17,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from inferengine.entrypoints.cache_breakpoints import cache_breakpoints, take_cache_control
+from inferengine.entrypoints.chat_content import text_parts
 from inferengine.entrypoints.openai.chat_reply import ForcedCalls, ReplyReader
 from inferengine.entrypoints.openai.errors import stream_error_event
 from inferengine.entrypoints.openai.protocol import (
@@ -66,17 +67,8 @@ def message_dicts(messages: list[ChatMessage]) -> tuple[list[dict[str, Any]], di
     out = []
     for index, item in enumerate(dicts):
         template_tool_calls(item, index)
-        content = item.get("content")
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise InvalidRequestError(
-                        f"message content parts of type {part.get('type')!r} are not supported; "
-                        "send text.",
-                        param="messages",
-                    )
-                texts.append(part["text"])
+        texts = text_parts(item.get("content"))
+        if texts is not None:
             item["content"] = "\n".join(texts)
         out.append(item)
     return out, leases
