@@ -304,9 +304,11 @@ class Scheduler:
         return min(known - request.num_computed_tokens, limit, self._chunk_cap(budget))
 
     def _trim_drafts(self, request: Request, num_new: int) -> None:
-        """Keep only the drafts that fit in this step's `num_new` tokens."""
+        """Keep only the drafts that fit in this step's `num_new` tokens (they follow the known
+        tokens and any on their way)."""
         if request.spec_token_ids:
-            fit = request.num_computed_tokens + num_new - request.num_tokens
+            first_draft = request.num_tokens + request.num_output_placeholders
+            fit = request.num_computed_tokens + num_new - first_draft
             del request.spec_token_ids[max(fit, 0) :]
 
     def _pick_victim(self) -> Request:

@@ -74,11 +74,14 @@ class EngineCore:
         self.draft_policy = (
             DraftLengthPolicy(self.spec.num_speculative_tokens) if self.spec is not None else None
         )
-        self._speculate_next = self.spec is not None
+        self._speculate_next = False  # decided by the draft policy as each step is collected
         self.structured = StructuredOutputManager(
             config.model_config.tokenizer, config.model_config.vocab_size
         )
         self._draft_share = 1.0  # running share of requests the proposer drafted for
+        self._drafted: list[Request] = []  # requests given drafts since they were last dropped
+        # Steps with drafts launched before the step in flight was collected (drafting ahead).
+        self.num_steps_drafted_ahead = 0
         self._probe_step = 0
         self._last_completion = self._last_policy_log = time.perf_counter()
         interval = envs.step_stats_interval_s()
@@ -206,21 +209,38 @@ class EngineCore:
         steps in flight reach the depth (or nothing new could run). With async scheduling the
         host prepares step N+1 while the GPU computes step N; the outputs are step N's.
 
-        Speculation needs each step's tokens before the next is scheduled (drafts continue
-        them), so steps that speculate run one at a time; the first such step after others
-        only collects the oldest step in flight and drafts. A grammar's mask for a token needs
+        Drafts continue a request's tokens, so a step that verifies drafts is collected before
+        the next is scheduled (the count it accepts moves every later position). A step that
+        verifies none gains one token per request; while it runs, the next step is drafted
+        past a guess for that token (a token proposer's continuation of the known text) and
+        launched behind it, so speculating costs no exposed host time where nothing is drafted.
+        Otherwise the first speculating step after others only collects the oldest step in
+        flight and drafts. A grammar's mask for a token needs
         the token before it: with a step in flight, the new step's sampling waits for masks
         made after that step is collected, while the new step's forward runs; the step after
         it is launched as soon as they are given, so that its forward queues behind them."""
         self._admit_grammars()
         speculate = self._speculate_now()
-        if speculate and self._inflight:
+        if self._inflight and (speculate or self._inflight[-1][0].scheduled_spec_decode_tokens):
+            if speculate and self._can_draft_ahead():
+                self._propose_drafts()
+                self._launch(self.depth, speculate)
+                if self._inflight[-1][0].scheduled_spec_decode_tokens:
+                    self.num_steps_drafted_ahead += 1
             outputs = self._collect(speculate)
             self._provide_owed_masks()
+            if not self._inflight and self._speculate_now() and not self.structured.matchers:
+                # Drafted for the next step on collecting this one: launch it before these
+                # outputs go out, so that sending them overlaps the forward.
+                self._launch(self.depth if self._may_draft_ahead() else 1, True)
             return self._finish_step(outputs)
-        depth = 1 if speculate else self.depth
+        depth = self.depth if not speculate or self._may_draft_ahead() else 1
         launched_work = self._launch(depth, speculate)
-        if self._inflight and (len(self._inflight) >= depth or not launched_work):
+        if self._inflight and (
+            len(self._inflight) >= depth
+            or not launched_work
+            or self._inflight[-1][0].scheduled_spec_decode_tokens
+        ):
             outputs = self._collect(speculate)
         else:
             outputs = EngineCoreOutputs(
@@ -273,6 +293,26 @@ class EngineCore:
             list(so.num_scheduled_tokens), self.scheduler.requests, so.scheduled_spec_decode_tokens
         )
         so.grammar_req_ids, so.grammar_bitmask = rows, mask
+
+    def _may_draft_ahead(self) -> bool:
+        """Whether a speculating step may be drafted and launched before the one in flight is
+        collected: drafts come from a token proposer and nothing needs every token first
+        (grammars, pipeline stages, synchronous steps)."""
+        return (
+            self.depth == 2
+            and not self.scheduler.pipelined
+            and self.proposer is not None
+            and not self.structured.matchers
+        )
+
+    def _can_draft_ahead(self) -> bool:
+        """`_may_draft_ahead`, and the one step in flight verifies no drafts (so each of its
+        requests gains exactly one token, and the next step's positions are known)."""
+        return (
+            self._may_draft_ahead()
+            and len(self._inflight) == 1
+            and not self._inflight[0][0].scheduled_spec_decode_tokens
+        )
 
     def _speculate_now(self) -> bool:
         return self._speculate_next and self.scheduler.has_unfinished_requests()
@@ -385,14 +425,17 @@ class EngineCore:
             self._last_policy_log = now
             stats = self.scheduler.spec_stats
             logger.info(
-                "speculation: %d drafts, %d draft tokens, %d accepted; %s",
+                "speculation: %d drafts, %d draft tokens, %d accepted, %d drafted ahead; %s",
                 stats.num_drafts,
                 stats.num_draft_tokens,
                 stats.num_accepted_tokens,
+                self.num_steps_drafted_ahead,
                 policy.summary(),
             )
         if self._speculate_next:
             self._propose_drafts()
+        else:
+            self._drop_drafts()
 
     def _count_drafts(self, looked: int, drafted: int) -> None:
         """Fold `drafted` of `looked` requests into the running share that got drafts."""
@@ -423,8 +466,11 @@ class EngineCore:
         stay those of plain decoding; penalties and pending min_tokens, which depend on every
         earlier token; and logprobs, which are reported per sampled token. A draft model runs
         in the worker, on lookahead pages allocated here for its drafts and their verification.
+        A request whose next token is still being sampled (drafting ahead, token proposers
+        only) gets the drafts that follow the proposer's guess for that token.
         """
         assert self.spec is not None and self.draft_policy is not None
+        self._drop_drafts()
         k = self.spec.num_speculative_tokens
         batch_tokens = len(self.scheduler.running)
         max_len = self.config.scheduler_config.max_model_len
@@ -433,18 +479,20 @@ class EngineCore:
         looked = drafted = 0
         for request in self.scheduler.running:
             p = request.sampling_params
+            on_way = request.num_output_placeholders
             if (
-                request.num_computed_tokens != request.num_tokens - 1
+                request.num_computed_tokens != request.num_tokens - 1 + on_way
+                or on_way > (1 if self.proposer is not None else 0)
                 or (p.seed is not None and not p.greedy)
                 or p.logprobs is not None
                 or p.uses_penalties
-                or request.num_output_tokens < p.min_tokens
+                or request.num_output_tokens + on_way < p.min_tokens
             ):
                 continue
             cap = min(
                 k,
-                request.max_tokens - request.num_output_tokens - 1,
-                max_len - request.num_tokens - 1,
+                request.max_tokens - request.num_output_tokens - on_way - 1,
+                max_len - request.num_tokens - on_way - 1,
             )
             if cap > 0:
                 cap = self.draft_policy.num_drafts(request.request_id, cap, batch_tokens)
@@ -453,10 +501,12 @@ class EngineCore:
             batch_tokens += cap
             if self.proposer is not None:
                 request.spec_token_ids = self.proposer.propose(
-                    request.all_token_ids, cap, request.request_id
+                    request.all_token_ids, cap, request.request_id, lookahead=on_way
                 )
                 looked += 1
-                drafted += bool(request.spec_token_ids)
+                if request.spec_token_ids:
+                    drafted += 1
+                    self._drafted.append(request)
                 continue
             new_blocks = kv.allocate_slots(request, 1 + cap)
             if new_blocks is not None:  # no free page: no drafts, never a preemption
@@ -464,7 +514,16 @@ class EngineCore:
         self._count_drafts(looked, drafted)
         if wanted:
             for req_id, drafts in self.executor.propose_drafts(wanted).items():
-                self.scheduler.requests[req_id].spec_token_ids = drafts
+                request = self.scheduler.requests[req_id]
+                request.spec_token_ids = drafts
+                self._drafted.append(request)
+
+    def _drop_drafts(self) -> None:
+        """Forget drafts not yet scheduled (a step that no longer speculates, or drafts made
+        for a step that was not launched): only the newest proposals are ever scheduled."""
+        for request in self._drafted:
+            request.spec_token_ids = []
+        self._drafted.clear()
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.kv_cache_manager.reset_prefix_cache()

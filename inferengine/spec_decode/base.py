@@ -15,10 +15,16 @@ from typing import Protocol
 
 class TokenProposer(Protocol):
     def propose(
-        self, token_ids: Sequence[int], max_drafts: int | None = None, request_id: str = ""
+        self,
+        token_ids: Sequence[int],
+        max_drafts: int | None = None,
+        request_id: str = "",
+        lookahead: int = 0,
     ) -> list[int]:
         """Up to `max_drafts` tokens to follow `token_ids` (prompt and output so far) of
-        request `request_id`; maybe none."""
+        request `request_id`; maybe none. With `lookahead`, that many tokens are on their way
+        (sampled, not yet known): the continuation's first `lookahead` tokens stand for them,
+        and the drafts are the tokens after those."""
         ...
 
     def finish(

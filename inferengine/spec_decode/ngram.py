@@ -43,8 +43,10 @@ class NgramProposer:
         token_ids: Sequence[int] | np.ndarray,
         max_drafts: int | None = None,
         request_id: str = "",
+        lookahead: int = 0,
     ) -> list[int]:
-        """Draft tokens to follow `token_ids` (maybe none); at most `max_drafts` if given."""
+        """Draft tokens to follow `token_ids` (maybe none); at most `max_drafts` if given.
+        With `lookahead`, the drafts follow that many guessed tokens (see `TokenProposer`)."""
         c = self.config
         limit = (
             c.num_speculative_tokens
@@ -54,6 +56,7 @@ class NgramProposer:
         tokens = token_ids.tolist() if isinstance(token_ids, np.ndarray) else token_ids
         if limit <= 0 or len(tokens) < 2:
             return []
+        limit += lookahead
         index = self._index(request_id, tokens)
         n_tokens = len(tokens)
         for n in range(min(c.prompt_lookup_max, n_tokens - 1), c.prompt_lookup_min - 1, -1):
@@ -62,7 +65,7 @@ class NgramProposer:
                 drafts = list(tokens[start : start + limit])
                 for i in range(len(drafts), limit):
                     drafts.append(drafts[start + i - n_tokens])
-                return drafts
+                return drafts[lookahead:]
         return []
 
     def _index(self, request_id: str, tokens: Sequence[int]) -> _Index:

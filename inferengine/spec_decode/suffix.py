@@ -211,11 +211,12 @@ class SuffixProposer:
         token_ids: Sequence[int],
         max_drafts: int | None = None,
         request_id: str = "",
+        lookahead: int = 0,
     ) -> list[int]:
         """Draft tokens to follow `token_ids`, the prompt and output so far of `request_id`
-        (maybe none); at most `max_drafts` if given. Each call should pass the same list,
-        grown; a shorter or different one (first and last seen tokens are checked) restarts
-        the request's index."""
+        (maybe none); at most `max_drafts` if given, after `lookahead` guessed tokens (see
+        `TokenProposer`). Each call should pass the same list, grown; a shorter or different
+        one (first and last seen tokens are checked) restarts the request's index."""
         c = self.config
         limit = c.num_speculative_tokens
         if max_drafts is not None:
@@ -223,6 +224,7 @@ class SuffixProposer:
         index = self._sync(request_id, token_ids)
         if limit <= 0:
             return []
+        limit += lookahead
         drafts: list[int] = []
         score = 0.0
         frontier = index.frontier
@@ -236,7 +238,7 @@ class SuffixProposer:
             found, found_score = self._propose_global(index.tokens, limit, score)
             if found_score > score:
                 drafts = found
-        return drafts
+        return drafts[lookahead:]
 
     def finish(
         self, request_id: str, token_ids: Sequence[int] | None = None, num_prompt_tokens: int = 0

@@ -75,7 +75,7 @@ class StepInputs:
     req_ids: list[str]
     sample_rows: list[int]  # batch rows that produce a token this step
     logits_rows: list[int]  # flat token index of each sampling position (1 + drafts per row)
-    num_drafts: list[int]  # per sampling row: draft tokens it verifies
+    drafts: list[list[int]]  # per sampling row: the draft tokens it verifies
     prompt_logprob_rows: dict[str, tuple[int, int, int]]  # req -> (flat start, count, first pos)
     graph_shape: GraphShape | None  # the padded shape to run as a CUDA graph, if any
     num_scheduled: list[int]  # tokens per request, in batch order
@@ -154,8 +154,11 @@ class ModelRunner:
             if cached.new_token_ids and not is_last_stage():  # the last stage sampled them
                 append_tokens(self.buffers.token_ids, state, cached.new_token_ids)
         for req_id, drafts in so.scheduled_spec_decode_tokens.items():
+            # The drafts end the request's scheduled tokens; a step scheduled while the one
+            # before it samples this request's next token starts at that token.
             state = self.requests[req_id]
-            buffers.token_ids[state.row, state.num_tokens : state.num_tokens + len(drafts)] = drafts
+            start = state.num_computed_tokens + so.num_scheduled_tokens[req_id] - len(drafts)
+            buffers.token_ids[state.row, start : start + len(drafts)] = drafts
 
     def _append_blocks(self, state: RequestState, block_ids: list[int]) -> None:
         if block_ids:
@@ -175,7 +178,7 @@ class ModelRunner:
         )
         sample_rows: list[int] = []
         logits_rows: list[int] = []
-        num_drafts: list[int] = []
+        row_drafts: list[list[int]] = []
         drafts = so.scheduled_spec_decode_tokens
         prompt_rows: dict[str, tuple[int, int, int]] = {}
         flat = 0
@@ -183,10 +186,11 @@ class ModelRunner:
             start = state.num_computed_tokens
             end = start + n
             if end >= state.num_tokens:
-                d = len(drafts.get(state.req_id, ()))
+                verified = drafts.get(state.req_id, [])
+                d = len(verified)
                 sample_rows.append(row)
                 logits_rows.extend(range(flat + n - 1 - d, flat + n))
-                num_drafts.append(d)
+                row_drafts.append(verified)
             num_prompt = len(state.prompt_token_ids)
             wants_prompt_lp = state.sampling_params.prompt_logprobs is not None
             if wants_prompt_lp and not state.output_token_ids and start < num_prompt - 1:
@@ -226,7 +230,7 @@ class ModelRunner:
             req_ids=req_ids,
             sample_rows=sample_rows,
             logits_rows=logits_rows,
-            num_drafts=num_drafts,
+            drafts=row_drafts,
             prompt_logprob_rows=prompt_rows,
             graph_shape=shape,
             num_scheduled=layout.num_scheduled.tolist(),
@@ -291,10 +295,14 @@ class ModelRunner:
         if logits is not None:
             if grammar_req_ids:
                 apply_grammar_bitmask(
-                    logits, grammar_req_ids, grammar_bitmask, states, inputs.num_drafts
+                    logits,
+                    grammar_req_ids,
+                    grammar_bitmask,
+                    states,
+                    [len(d) for d in inputs.drafts],
                 )
-            if any(inputs.num_drafts):
-                result, spec = self._verify_drafts(logits, states, inputs.num_drafts)
+            if any(inputs.drafts):
+                result, spec = self._verify_drafts(logits, states, inputs.drafts)
             else:
                 result = self.sampler(logits, self._metadata(states))
         pending = PendingStep(
@@ -339,13 +347,16 @@ class ModelRunner:
         )
 
     def _verify_drafts(
-        self, logits: torch.Tensor, states: list[RequestState], num_drafts: list[int]
+        self, logits: torch.Tensor, states: list[RequestState], drafts: list[list[int]]
     ) -> tuple[SamplerOutput | None, SpecResult]:
         """Rows without drafts sample as usual; rows with drafts go through rejection sampling
         (the engine core drafts only for requests whose sampling does not depend on earlier
         draws or tokens: no seeds, penalties, pending min_tokens or logprobs)."""
         if all(_plain_greedy(s) for s in states):
-            return None, self._verify_greedy(logits, states, num_drafts)
+            # All-greedy: the argmax of each logits row goes to the host, where the drafts are
+            # checked against it (one kernel, no probabilities).
+            return None, SpecResult(logits.argmax(dim=-1), None, [], greedy_drafts=drafts)
+        num_drafts = [len(d) for d in drafts]
         starts = np.cumsum([0, *(1 + d for d in num_drafts)])
         plain = [i for i, d in enumerate(num_drafts) if d == 0]
         drafted = [i for i, d in enumerate(num_drafts) if d > 0]
@@ -367,10 +378,7 @@ class ModelRunner:
         padded[torch.tensor(slots, device=dev)] = probs
         draft_ids = np.zeros((len(drafted), k), dtype=np.int64)
         for j, (i, c) in enumerate(zip(drafted, counts, strict=True)):
-            state = states[i]
-            draft_ids[j, :c] = self.buffers.token_ids[
-                state.row, state.num_tokens : state.num_tokens + c
-            ]
+            draft_ids[j, :c] = drafts[i]
         first_rows = [int(x) for x in np.cumsum([0, *(1 + c for c in counts[:-1])])]
         verified = rejection_sample(
             torch.from_numpy(draft_ids).to(dev),
@@ -408,18 +416,6 @@ class ModelRunner:
             )
         drafts = self.drafter.propose(requests, self._last_hidden)
         return dict(zip(wanted, drafts, strict=True))
-
-    def _verify_greedy(
-        self, logits: torch.Tensor, states: list[RequestState], num_drafts: list[int]
-    ) -> SpecResult:
-        """Every row greedy with nothing that adjusts its logits: the argmax of each logits
-        row goes to the host, where the drafts are checked against it (one kernel, no
-        probabilities)."""
-        drafts = [
-            self.buffers.token_ids[s.row, s.num_tokens : s.num_tokens + d].tolist()
-            for s, d in zip(states, num_drafts, strict=True)
-        ]
-        return SpecResult(logits.argmax(dim=-1), None, [], greedy_drafts=drafts)
 
     def _resolve_if_history_needed(self, so: SchedulerOutput) -> None:
         """Penalties and min_tokens need every earlier token on the host: wait for them."""

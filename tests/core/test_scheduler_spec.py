@@ -68,3 +68,30 @@ def test_drafts_go_before_anyone_is_preempted():
     assert out.num_scheduled_tokens == {"a": 1, "b": 1}
     assert out.scheduled_spec_decode_tokens == {}
     assert sched.num_preemptions == 0 and a.spec_token_ids == []
+
+
+def test_drafts_after_a_token_on_its_way_start_one_position_later():
+    """A step scheduled while the one before it samples the request's next token (drafting
+    ahead): that token's position comes first, the drafts after it; trimming keeps the first
+    drafts; rejection rolls back to after the accepted ones."""
+    sched = make_scheduler(num_blocks=10, block_size=8, max_num_batched_tokens=16)
+    request = _prefilled(sched)
+    first = sched.schedule()  # the last token, sampling the next: in flight
+    assert first.num_scheduled_tokens == {"a": 1} and request.num_output_placeholders == 1
+    assert request.num_computed_tokens == 15 and request.num_tokens == 15
+    request.spec_token_ids = list(range(100, 120))
+    ahead = sched.schedule()
+    # Budget 16: the token on its way (position 15) and the first 15 drafts (16-30).
+    assert ahead.num_scheduled_tokens == {"a": 16}
+    assert ahead.scheduled_spec_decode_tokens == {"a": list(range(100, 115))}
+    assert ahead.scheduled_cached_reqs[0].num_computed_tokens == 15
+    assert request.num_computed_tokens == 31
+    assert sched.kv_cache_manager.get_block_ids("a") == [1, 2, 3, 4]  # up to position 30
+    sched.update_from_output(first, ModelRunnerOutput(["a"], [[4]]))
+    assert request.num_tokens == 16 and request.num_output_placeholders == 1
+    # One draft accepted, then the target's own token: 16 + 2 tokens, 17 computed.
+    sched.update_from_output(ahead, ModelRunnerOutput(["a"], [[100, 9]]))
+    assert request.output_token_ids == [7, 4, 100, 9]
+    assert request.num_computed_tokens == 17 and request.num_tokens == 18
+    assert request.num_output_placeholders == 0
+    assert sched.spec_stats.num_accepted_tokens_per_pos[:3] == [1, 0, 0]

@@ -28,9 +28,10 @@ def _spec(path, k: int = 3) -> dict:
 )
 def test_draft_model_greedy_matches_plain_decoding(tiny_checkpoint, kwargs):
     target = str(tiny_checkpoint("qwen2"))
-    plain, _, _ = _run(target, None, **kwargs)
-    spec, _, stats = _run(target, _spec(tiny_checkpoint("llama3-tied")), **kwargs)
+    plain, _, _, _ = _run(target, None, **kwargs)
+    spec, _, stats, drafted_ahead = _run(target, _spec(tiny_checkpoint("llama3-tied")), **kwargs)
     assert spec == plain
+    assert drafted_ahead == 0  # a draft model drafts from every token: never ahead
     assert stats.num_drafts > 0 and stats.num_draft_tokens > 0
     assert sum(stats.num_accepted_tokens_per_pos) == stats.num_accepted_tokens
 
@@ -40,8 +41,8 @@ def test_draft_model_greedy_matches_plain_decoding(tiny_checkpoint, kwargs):
 )
 def test_target_as_its_own_draft_has_every_draft_accepted(tiny_checkpoint, kwargs):
     target = tiny_checkpoint("llama3-tied")
-    plain, _, _ = _run(str(target), None, **kwargs)
-    spec, _, stats = _run(str(target), _spec(target, k=4), **kwargs)
+    plain, _, _, _ = _run(str(target), None, **kwargs)
+    spec, _, stats, _ = _run(str(target), _spec(target, k=4), **kwargs)
     assert spec == plain
     assert stats.num_draft_tokens > 50
     assert stats.num_accepted_tokens == stats.num_draft_tokens

@@ -95,3 +95,11 @@ def test_the_incremental_index_proposes_what_a_fresh_lookup_does(seed):
         tokens += [rng.randrange(6) for _ in range(rng.randint(1, 5))]
     p.finish("r")
     assert p._indexes == {}
+
+
+def test_lookahead_drafts_follow_the_guess_for_the_token_on_its_way():
+    tokens = [1, 5, 6, 7, 8, 9, 2, 5, 6]  # -> 7 8 9 2 5 ...
+    assert proposer(k=3).propose(tokens, lookahead=1) == [8, 9, 2]  # 7 stands for the token
+    assert proposer(k=3).propose(tokens, 2, lookahead=1) == [8, 9]
+    assert proposer(k=3).propose([1, 2, 3, 4, 1], lookahead=1) == [3, 4, 1]
+    assert proposer(k=3).propose([1, 2, 3], lookahead=1) == []  # nothing to guess from

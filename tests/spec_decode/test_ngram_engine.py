@@ -44,7 +44,7 @@ def _run(path: str, spec: dict | None, **kwargs):
     assert pool.num_free_blocks == pool.num_usable_blocks
     tokens = [[(c.token_ids, c.finish_reason) for c in o.outputs] for out in outputs for o in out]
     logprobs = [o.outputs[0].logprobs for out in outputs for o in out]
-    return tokens, logprobs, core.scheduler.spec_stats
+    return tokens, logprobs, core.scheduler.spec_stats, core.num_steps_drafted_ahead
 
 
 @pytest.mark.parametrize(
@@ -58,9 +58,11 @@ def _run(path: str, spec: dict | None, **kwargs):
 @pytest.mark.parametrize("arch", ["llama3-tied", "qwen2"])
 def test_ngram_greedy_matches_plain_decoding(tiny_checkpoint, arch, kwargs):
     path = str(tiny_checkpoint(arch))
-    plain, plain_lp, _ = _run(path, None, **kwargs)
-    spec, spec_lp, stats = _run(path, SPEC, **kwargs)
+    plain, plain_lp, _, _ = _run(path, None, **kwargs)
+    spec, spec_lp, stats, drafted_ahead = _run(path, SPEC, **kwargs)
     assert spec == plain
+    # Steps after steps without drafts were drafted past the token then on its way.
+    assert drafted_ahead > 0
     # Logprobs of the same tokens; the batches differ (drafts add rows), so only up to float
     # rounding.
     for a, b in zip(spec_lp, plain_lp, strict=True):

@@ -309,3 +309,12 @@ def test_the_global_cache_matches_the_brute_force_counts_through_evictions(seed)
     for r in range(12):
         p.finish(f"probe{r}")
     assert not p._requests
+
+
+def test_lookahead_drafts_follow_the_guess_for_the_token_on_its_way():
+    tokens = [1, 2, 3, 4, 5, 6, 1, 2]
+    assert proposer(k=8, factor=4.0).propose(tokens) == [3, 4, 5, 6, 1, 2]
+    # 3 stands for the token on its way; k drafts follow it, within what the trie knows.
+    assert proposer(k=3, factor=4.0).propose(tokens, lookahead=1) == [4, 5, 6]
+    assert proposer(k=3, factor=4.0).propose(tokens, 2, lookahead=1) == [4, 5]
+    assert proposer(k=8, factor=4.0).propose(tokens, lookahead=1) == [4, 5, 6, 1, 2]

@@ -23,9 +23,10 @@ SUFFIX = {"method": "suffix", "num_speculative_tokens": 4, "suffix_decoding_max_
 )
 def test_suffix_greedy_matches_plain_decoding(tiny_checkpoint, kwargs):
     path = str(tiny_checkpoint("qwen2"))
-    plain, _, _ = _run(path, None, **kwargs)
-    spec, _, stats = _run(path, SUFFIX, **kwargs)
+    plain, _, _, _ = _run(path, None, **kwargs)
+    spec, _, stats, drafted_ahead = _run(path, SUFFIX, **kwargs)
     assert spec == plain
+    assert drafted_ahead > 0
     assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0
 
 
