@@ -12,12 +12,14 @@
 #   carry .smollm2/part.ab, .smollm2/whl:   bash benchmarks/gpu_spec.sh prepare
 #   carry .peerA / .peerB:                  as in gpu_paired.sh
 #   carry .peer2:                           GIT_REV=<sha> bash benchmarks/gpu_spec.sh smollm2
-#                                           (smollm2-ours: without vLLM's server)
+#                                           (smollm2-ours: without vLLM's server; an item
+#                                           may end with :K, the n-gram draft length, default 6)
 #   carry .peer2:                           GIT_REV=<sha> bash benchmarks/gpu_spec.sh qwen
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 INFERENGINE_CACHE_DIR=/tmp/ie-cache
 gguf=/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-NGRAM='{"method":"ngram","num_speculative_tokens":6,"prompt_lookup_min":2,"prompt_lookup_max":5}'
+ngram() { echo "{\"method\":\"ngram\",\"num_speculative_tokens\":$1,\"prompt_lookup_min\":2,\"prompt_lookup_max\":5}"; }
+NGRAM=$(ngram 6)
 if [ "${1:-}" = prepare ]; then
   bash benchmarks/default_model_gpu.sh assemble && rm /tmp/smollm2/part.aa || exit 1
   PYTHONPATH=/tmp/site:$PWD python3 -c "
@@ -37,17 +39,20 @@ run_set() {  # name, paired args...
   tar czf "$OUT/$S-$name.tgz" -C /tmp/pr "$S-$name"
 }
 for item in "$@"; do
+  k=${item#*:}; item=${item%%:*}  # an item may name its draft length: smollm2:12
+  NGRAM=$(ngram 6) && sfx=""
+  [ "$k" != "$item" ] && NGRAM=$(ngram "$k") && sfx=-k$k
   case $item in
     smollm2|smollm2-ours)  # smollm2-ours: without vLLM's server (its numbers do not change)
       hf=$(cat /tmp/smollm2/hf-path) || exit 1
       peer=(--system "vllm-ngram=preset:vllm --dtype bfloat16 --max-model-len 4096 --speculative-config '$NGRAM'")
       [ "$item" = smollm2-ours ] && peer=()
-      run_set spec-smollm2 --model-dir "$hf" --served-model-name smollm2 --workload grounded \
+      run_set spec-smollm2$sfx --model-dir "$hf" --served-model-name smollm2 --workload grounded \
         --system "inferengine=preset:inferengine --max-model-len 4096 --disable-log-requests" \
         --system "inferengine-ngram=preset:inferengine --max-model-len 4096 --disable-log-requests --speculative-config '$NGRAM'" \
         "${peer[@]}";;
     qwen)
-      run_set spec-qwen2.5-7b --model-dir configs/qwen2.5-7b --served-model-name qwen2.5-7b \
+      run_set spec-qwen2.5-7b$sfx --model-dir configs/qwen2.5-7b --served-model-name qwen2.5-7b \
         --workload c64 --workload c256 \
         --system "inferengine=preset:inferengine --load-format dummy --max-model-len 2048 --gpu-memory-utilization 0.82 --disable-log-requests" \
         --system "inferengine-ngram=preset:inferengine --load-format dummy --max-model-len 2048 --gpu-memory-utilization 0.82 --disable-log-requests --speculative-config '$NGRAM'";;
