@@ -52,7 +52,7 @@ def load_paired(results: Path) -> list[tuple[str, dict]]:
     return out
 
 
-def spec_section(paired: list[tuple[str, dict]]) -> list[str]:
+def spec_section(paired: list[tuple[str, dict]], results: Path = RESULTS) -> list[str]:
     """Every speculative-decoding run (folders named `*-spec-*`), oldest first: each system's
     output throughput and median time per output token, and speculation's ratio to none."""
     runs = [(name, s) for name, s in paired if "-spec-" in name]
@@ -60,13 +60,14 @@ def spec_section(paired: list[tuple[str, dict]]) -> list[str]:
         return ["No speculative-decoding folder yet."]
     lines = [
         f"`inferengine bench paired` (judge `vllm bench serve`), one round per folder, on one "
-        f"{gpu_name(runs[-1][1])}, n-gram `num_speculative_tokens` 6, `prompt_lookup_min` 2, "
-        "`prompt_lookup_max` 5 for every speculating system (`benchmarks/gpu_spec.sh`). Each "
-        "cell: output tok/s / median TPOT ms; the ratio is speculation's output throughput over "
-        "InferEngine without it.",
+        f"{gpu_name(runs[-1][1])}, n-gram with `prompt_lookup_min` 2, `prompt_lookup_max` 5 "
+        "and the folder's `num_speculative_tokens` (k) for every speculating system "
+        "(`benchmarks/gpu_spec.sh`). Each cell: output tok/s / median TPOT ms; the ratio is "
+        "speculation's output throughput over InferEngine without it.",
         "",
-        "| folder | revision | workload | InferEngine | InferEngine n-gram | ratio | vLLM n-gram |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| folder | revision | k | workload | InferEngine | InferEngine n-gram | ratio "
+        "| vLLM n-gram |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, s in runs:
         for workload in s["workloads"]:
@@ -82,8 +83,8 @@ def spec_section(paired: list[tuple[str, dict]]) -> list[str]:
             both = "inferengine" in tput and "inferengine-ngram" in tput
             r = ratio(tput["inferengine-ngram"], tput["inferengine"]) if both else "-"
             lines.append(
-                f"| `{name}` | {s['revision'][:7]} | {workload} | {cells[0]} | {cells[1]} | {r} "
-                f"| {cells[2]} |"
+                f"| `{name}` | {s['revision'][:7]} | {draft_length(results / name)} | {workload} "
+                f"| {cells[0]} | {cells[1]} | {r} | {cells[2]} |"
             )
     return lines
 
@@ -321,7 +322,15 @@ def render(results: Path = RESULTS) -> str:
 
 
 def render_spec(results: Path = RESULTS) -> str:
-    return "\n".join([SPEC_BEGIN, *spec_section(load_paired(results)), SPEC_END])
+    return "\n".join([SPEC_BEGIN, *spec_section(load_paired(results), results), SPEC_END])
+
+
+def draft_length(folder: Path) -> str:
+    """The n-gram `num_speculative_tokens` the folder's speculating systems ran with."""
+    env = folder / "environment.txt"
+    text = env.read_text(encoding="utf-8") if env.exists() else ""
+    match = re.search(r'"num_speculative_tokens":\s*(\d+)', text)
+    return match.group(1) if match else "-"
 
 
 def replace_section(readme: str, section: str, begin: str = BEGIN, end_marker: str = END) -> str:
