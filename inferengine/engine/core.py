@@ -80,6 +80,7 @@ class EngineCore:
         )
         self._draft_share = 1.0  # running share of requests the proposer drafted for
         self._drafted: list[Request] = []  # requests given drafts since they were last dropped
+        self._drafts_ready = False  # drafts proposed for the next step, not yet scheduled
         # Steps with drafts launched before the step in flight was collected (drafting ahead).
         self.num_steps_drafted_ahead = 0
         self._probe_step = 0
@@ -223,7 +224,8 @@ class EngineCore:
         speculate = self._speculate_now()
         if self._inflight and (speculate or self._inflight[-1][0].scheduled_spec_decode_tokens):
             if speculate and self._can_draft_ahead():
-                self._propose_drafts()
+                if not self._drafts_ready:  # (collecting the step before drafted already)
+                    self._propose_drafts()
                 self._launch(self.depth, speculate)
                 if self._inflight[-1][0].scheduled_spec_decode_tokens:
                     self.num_steps_drafted_ahead += 1
@@ -261,6 +263,7 @@ class EngineCore:
         self.scheduler.pipeline_depth = depth if self.scheduler.pipelined else 1
         t0 = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
+        self._drafts_ready = False
         if self.structured.matchers:
             # Pipelined steps never hold a request whose token is on its way.
             if depth > 1 and not self.scheduler.pipelined:
@@ -512,6 +515,7 @@ class EngineCore:
             if new_blocks is not None:  # no free page: no drafts, never a preemption
                 wanted[request.request_id] = (cap, [b.block_id for b in new_blocks])
         self._count_drafts(looked, drafted)
+        self._drafts_ready = True
         if wanted:
             for req_id, drafts in self.executor.propose_drafts(wanted).items():
                 request = self.scheduler.requests[req_id]
@@ -524,6 +528,7 @@ class EngineCore:
         for request in self._drafted:
             request.spec_token_ids = []
         self._drafted.clear()
+        self._drafts_ready = False
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.kv_cache_manager.reset_prefix_cache()
