@@ -170,6 +170,9 @@ def paired_section(paired: list[tuple[str, dict]]) -> list[str]:
         twin = twin_line(paired, workload, systems)
         if twin:
             notes.append(twin)
+        failed = failed_line(runs, workload)
+        if failed:
+            notes.append(failed)
         floor = entry.get("floor")
         if floor:
             notes.append(floor_line(summaries, workload, systems))
@@ -323,6 +326,18 @@ def render(results: Path = RESULTS) -> str:
 
 def render_spec(results: Path = RESULTS) -> str:
     return "\n".join([SPEC_BEGIN, *spec_section(load_paired(results), results), SPEC_END])
+
+
+def failed_line(runs: dict[str, list[dict]], workload: str) -> str:
+    """Requests the judge counted as failed, per system, when any failed: such a round's
+    throughput covers only the requests that completed."""
+    failed = {
+        system: [int(r["metrics"].get("failed", 0)) for r in rs] for system, rs in runs.items()
+    }
+    if not any(sum(v) for v in failed.values()):
+        return ""
+    counts = "; ".join(f"{s} {' / '.join(map(str, v))}" for s, v in failed.items())
+    return f"**{workload}: requests failed** (by round: {counts}); its figures are not a result."
 
 
 def draft_length(folder: Path) -> str:
