@@ -74,7 +74,8 @@ class EngineCore:
         self.draft_policy = (
             DraftLengthPolicy(self.spec.num_speculative_tokens) if self.spec is not None else None
         )
-        self._speculate_next = False  # decided by the draft policy as each step is collected
+        # The first step speculates; from then on the draft policy decides as steps complete.
+        self._speculate_next = self.spec is not None
         self.structured = StructuredOutputManager(
             config.model_config.tokenizer, config.model_config.vocab_size
         )
@@ -224,7 +225,9 @@ class EngineCore:
         speculate = self._speculate_now()
         if self._inflight and (speculate or self._inflight[-1][0].scheduled_spec_decode_tokens):
             if speculate and self._can_draft_ahead():
-                if not self._drafts_ready:  # (collecting the step before drafted already)
+                # Collecting the step before drafted already, unless the policy had not yet
+                # seen a step complete (the first step after start-up).
+                if not self._drafts_ready and self._policy_speculates():
                     self._propose_drafts()
                 self._launch(self.depth, speculate)
                 if self._inflight[-1][0].scheduled_spec_decode_tokens:
@@ -316,6 +319,10 @@ class EngineCore:
             and len(self._inflight) == 1
             and not self._inflight[0][0].scheduled_spec_decode_tokens
         )
+
+    def _policy_speculates(self) -> bool:
+        assert self.draft_policy is not None
+        return self.draft_policy.speculate_now(len(self.scheduler.running))
 
     def _speculate_now(self) -> bool:
         return self._speculate_next and self.scheduler.has_unfinished_requests()
