@@ -64,9 +64,14 @@ def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
     )
 
 
+# Characters that `str.splitlines` (and so some clients' line readers) takes for line breaks,
+# written as JSON escapes so that a generated one never splits an event's line.
+_LINE_BREAKS = str.maketrans({c: f"\\u{ord(c):04x}" for c in "\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
 def sse(payload: Any) -> str:
-    """One Server-Sent Event carrying a pydantic model."""
-    return f"data: {payload.model_dump_json()}\n\n"
+    """One Server-Sent Event carrying a pydantic model, on one line whatever the text holds."""
+    return f"data: {payload.model_dump_json().translate(_LINE_BREAKS)}\n\n"
 
 
 def _floor(value: float) -> float:
