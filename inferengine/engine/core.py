@@ -15,8 +15,8 @@ from inferengine.core.engine_io import EngineCoreOutput, EngineCoreOutputs, Engi
 from inferengine.core.request import FinishReason, Request, RequestStatus
 from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from inferengine.core.scheduler import Scheduler
+from inferengine.engine.kv_sizing import check_capacity, host_tier_size
 from inferengine.engine.step_timer import StepTimer
-from inferengine.errors import ConfigError
 from inferengine.executor.base import make_executor
 from inferengine.logger import init_logger
 from inferengine.spec_decode import make_token_proposer
@@ -46,9 +46,9 @@ class EngineCore:
         self.executor = make_executor(config)
         try:
             num_blocks = self.executor.determine_num_blocks()
-            self._check_capacity(num_blocks)
+            check_capacity(config, num_blocks)
             config.cache_config.num_blocks = num_blocks
-            num_host_blocks, self.kv_page_bytes = self._host_tier_size()
+            num_host_blocks, self.kv_page_bytes = host_tier_size(config, self.executor)
             config.cache_config.num_host_blocks = num_host_blocks
             self.executor.initialize_cache(num_blocks, num_host_blocks)
         except BaseException:
@@ -89,63 +89,6 @@ class EngineCore:
         interval = envs.step_stats_interval_s()
         self.step_timer = StepTimer(interval) if interval > 0 else None
         logger.info("engine core ready in %.2f s", time.perf_counter() - start)
-
-    def _host_tier_size(self) -> tuple[int, int]:
-        cc = self.config.cache_config
-        if not cc.kv_offloading_size or not cc.enable_prefix_caching:
-            return 0, 0
-        num_host_blocks, page_bytes = self.executor.determine_num_host_blocks()
-        if num_host_blocks < 1:
-            raise ConfigError(
-                f"--kv-offloading-size {cc.kv_offloading_size} GiB holds no KV page (a page "
-                f"takes {page_bytes} bytes over all ranks); give it more, or 0 to turn the "
-                "CPU tier off."
-            )
-        logger.info(
-            "CPU KV tier: %d pages (%d tokens)", num_host_blocks, num_host_blocks * cc.block_size
-        )
-        return num_host_blocks, page_bytes
-
-    def _check_capacity(self, num_blocks: int) -> None:
-        cc, sc = self.config.cache_config, self.config.scheduler_config
-        usable_tokens = max(0, num_blocks - 1) * cc.block_size
-        flag = "--gpu-memory-utilization" if self.config.device == "cuda" else "--kv-cache-memory"
-        if sc.max_model_len_auto and 0 < usable_tokens < sc.max_model_len:
-            logger.warning(
-                "the KV cache holds %d tokens, fewer than the model's context length of %d: "
-                "max_model_len lowered to %d. For longer requests give the cache more memory "
-                "with %s (and set --max-model-len).",
-                usable_tokens,
-                sc.max_model_len,
-                usable_tokens,
-                flag,
-            )
-            self._lower_max_model_len(usable_tokens)
-        if usable_tokens < sc.max_model_len:
-            raise ConfigError(
-                f"the KV cache holds {usable_tokens} tokens ({num_blocks} pages of "
-                f"{cc.block_size}), fewer than one request of --max-model-len "
-                f"{sc.max_model_len}. Lower --max-model-len to {usable_tokens} or less, or "
-                f"give the cache more memory with {flag}."
-            )
-        logger.info(
-            "KV cache (%s): %d pages of %d tokens (%d tokens); up to %.1f requests of "
-            "max_model_len=%d at once",
-            cc.cache_dtype,
-            num_blocks - 1,
-            cc.block_size,
-            usable_tokens,
-            usable_tokens / sc.max_model_len,
-            sc.max_model_len,
-        )
-
-    def _lower_max_model_len(self, max_model_len: int) -> None:
-        """Every config that carries it; the workers keep theirs, which only bounds buffers."""
-        self.config.scheduler_config.max_model_len = max_model_len
-        self.config.model_config.max_model_len = max_model_len
-        spec = self.config.speculative_config
-        if spec is not None and spec.draft_model_config is not None:
-            spec.draft_model_config.max_model_len = max_model_len
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -223,14 +166,14 @@ class EngineCore:
         it is launched as soon as they are given, so that its forward queues behind them."""
         self._admit_grammars()
         speculate = self._speculate_now()
-        if self._inflight and (speculate or self._inflight[-1][0].scheduled_spec_decode_tokens):
+        if (speculate and self._inflight) or self._drafts_in_flight():
             if speculate and self._can_draft_ahead():
                 # Collecting the step before drafted already, unless the policy had not yet
                 # seen a step complete (the first step after start-up).
                 if not self._drafts_ready and self._policy_speculates():
                     self._propose_drafts()
                 self._launch(self.depth, speculate)
-                if self._inflight[-1][0].scheduled_spec_decode_tokens:
+                if self._drafts_in_flight():
                     self.num_steps_drafted_ahead += 1
             outputs = self._collect(speculate)
             self._provide_owed_masks()
@@ -242,9 +185,7 @@ class EngineCore:
         depth = self.depth if not speculate or self._may_draft_ahead() else 1
         launched_work = self._launch(depth, speculate)
         if self._inflight and (
-            len(self._inflight) >= depth
-            or not launched_work
-            or self._inflight[-1][0].scheduled_spec_decode_tokens
+            len(self._inflight) >= depth or not launched_work or self._drafts_in_flight()
         ):
             outputs = self._collect(speculate)
         else:
@@ -314,11 +255,11 @@ class EngineCore:
     def _can_draft_ahead(self) -> bool:
         """`_may_draft_ahead`, and the one step in flight verifies no drafts (so each of its
         requests gains exactly one token, and the next step's positions are known)."""
-        return (
-            self._may_draft_ahead()
-            and len(self._inflight) == 1
-            and not self._inflight[0][0].scheduled_spec_decode_tokens
-        )
+        return self._may_draft_ahead() and len(self._inflight) == 1 and not self._drafts_in_flight()
+
+    def _drafts_in_flight(self) -> bool:
+        """Whether the newest step in flight verifies drafts."""
+        return bool(self._inflight) and bool(self._inflight[-1][0].scheduled_spec_decode_tokens)
 
     def _policy_speculates(self) -> bool:
         assert self.draft_policy is not None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from inferengine import LLM, SamplingParams
-from inferengine.engine import core as core_module
+from inferengine.engine import kv_sizing
 from inferengine.errors import ConfigError
 from inferengine.worker.kv_memory import (
     CPU_HEADROOM_BYTES,
@@ -81,7 +81,7 @@ def test_budget_is_a_share_leaving_headroom():
 
 def test_default_max_model_len_lowered_to_what_the_cache_holds(tiny_checkpoint, monkeypatch):
     warnings: list[str] = []  # the package logger does not propagate to caplog
-    monkeypatch.setattr(core_module.logger, "warning", lambda m, *a: warnings.append(m % a))
+    monkeypatch.setattr(kv_sizing.logger, "warning", lambda m, *a: warnings.append(m % a))
     path = str(tiny_checkpoint("qwen2"))  # context length 1024
     llm = LLM(path, kv_cache_memory=40 * PAGE_BYTES)  # 39 usable pages: 624 tokens
     config = llm.llm_engine.config
