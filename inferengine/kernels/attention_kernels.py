@@ -95,12 +95,17 @@ def _attend_fresh_tile(
 ):  # fmt: skip
     """As _attend_kv_tile for keys start_j .. start_j + BLOCK_N - 1 of this step's own tokens
     (positions context_len + j), read from the step's own K/V rows instead of the pages:
-    rows q_start + j, by pointer (FRESH == 1) or TMA descriptor (FRESH == 2; rows past the
-    sequence are other sequences' keys or zeros, and the causal mask drops them)."""
+    rows q_start + j, by pointer (FRESH == 1) or TMA descriptor (FRESH == 2). A TMA tile runs
+    past the sequence into other rows: the next sequence's, zeros past the tensor, or a CUDA
+    graph's padding tokens, whose values are whatever their rows' (unwritten) attention output
+    made them, NaN included. The causal mask gives those keys p = 0, but 0 · NaN is NaN in
+    P @ V, so their values are zeroed."""
     j = start_j + offs_n
     if FRESH == 2:
         k = fresh_k.load([q_start + start_j, kv_head * HEAD_DIM])
         v = fresh_v.load([q_start + start_j, kv_head * HEAD_DIM])
+        if MASKED:
+            v = tl.where((j < q_len)[:, None], v, 0.0)
     else:
         row = (q_start + j).to(tl.int64)[:, None]
         k_off = row * stride_fkt + kv_head * stride_fkh + offs_d[None, :]

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from inferengine.kernels import activation, kv_store, norm, paged_attention, rotary
+from tests.kernels.test_paged_attention import padded_fresh_kv
 
 pytestmark = [
     pytest.mark.gpu,
@@ -122,6 +123,26 @@ def test_cuda_graph_replay(gen, paged_batch, assert_close, max_query_len):
         graph.replay()
         torch.cuda.synchronize()
         assert_close(out, paged_attention.paged_attention_ref(*fresh.args(), scale=0.1))
+
+
+@pytest.mark.parametrize("fresh_tma", [True, False])
+def test_prefix_hit_chunks_beside_nan_graph_padding(gen, paged_batch, assert_close, fresh_tma):
+    """Prefix-hit chunks of a few tokens with decodes in a mixed CUDA-graph step padded to 64
+    tokens, the padding's fresh K/V rows NaN (as unwritten attention rows can leave them): the
+    chunks' last key tiles read those rows (TMA) and must still come out right. With NaN there,
+    every new request that hit the prefix cache sampled token 0 (the JSON failures)."""
+    q_lens = [1] * 6 + [3, 10]
+    seq_lens = [*random_lens(gen, 6, 50, 600), 291, 346]
+    batch = paged_batch(q_lens, seq_lens, block_size=16, dtype=BF16, **QWEN)
+    q, key, value = padded_fresh_kv(batch, 64 - sum(q_lens))
+    out = torch.full_like(q, float("nan"))
+    paged_attention.paged_attention(
+        q, batch.kv_cache, batch.query_start_loc, batch.seq_lens, batch.block_table,
+        max_query_len=64, max_seq_len=8192, scale=0.1, out=out, fresh_key=key,
+        fresh_value=value, fresh_tma=fresh_tma,
+    )  # fmt: skip
+    expected = paged_attention.paged_attention_ref(*batch.args(), scale=0.1)
+    assert_close(out[: sum(q_lens)], expected)
 
 
 def test_fused_ops_at_model_size(gen, device, assert_close):

@@ -262,6 +262,41 @@ def fresh_kv(batch) -> tuple[torch.Tensor, torch.Tensor]:
     return qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
 
 
+def padded_fresh_kv(batch, pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`batch.q` with `pad` trailing tokens that belong to no sequence (a CUDA graph's padding),
+    and fresh K/V whose padding rows are NaN: their values come from attention output rows no
+    kernel writes, so they can be anything."""
+    key, value = fresh_kv(batch)
+    real, hq, head_dim = batch.q.shape
+    hkv = key.shape[1]
+    dev, dtype = batch.q.device, batch.q.dtype
+    q = torch.cat([batch.q, torch.randn(pad, hq, head_dim).to(dev, dtype)])
+    qkv = torch.full((real + pad, hq + 2 * hkv, head_dim), float("nan"), dtype=dtype, device=dev)
+    qkv[:real, hq : hq + hkv] = key
+    qkv[:real, hq + hkv :] = value
+    return q, qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
+
+
+@pytest.mark.parametrize("fresh_tma", [None, False])
+def test_chunk_next_to_nan_padding_rows(paged_batch, assert_close, fresh_tma):
+    """A prefix hit's short chunk, last in a padded step: its last key tile runs past its own
+    rows into the padding rows, NaN there included. Masked keys must add nothing (0 · NaN is
+    NaN in P @ V): the chunk comes out as without padding (the JSON-after-prefix-hit bug)."""
+    batch = paged_batch(
+        [1, 10], [300, 346], num_q_heads=8, num_kv_heads=2, head_dim=64, block_size=16,
+        dtype=BF16,
+    )  # fmt: skip
+    real = batch.q.shape[0]
+    q, key, value = padded_fresh_kv(batch, 64 - real)
+    out = torch.full_like(q, float("nan"))
+    pa.paged_attention(
+        q, batch.kv_cache, batch.query_start_loc, batch.seq_lens, batch.block_table,
+        max_query_len=q.shape[0], max_seq_len=512, scale=64**-0.5, out=out, fresh_key=key,
+        fresh_value=value, fresh_tma=fresh_tma,
+    )  # fmt: skip
+    assert_close(out[:real], pa.paged_attention_ref(*batch.args(), scale=64**-0.5))
+
+
 @pytest.mark.parametrize(("hq", "hkv", "head_dim", "block_size", "dtype"), SHAPES)
 def test_chunk_keys_read_from_the_fresh_kv(
     paged_batch, assert_close, hq, hkv, head_dim, block_size, dtype
