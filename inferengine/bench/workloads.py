@@ -7,9 +7,10 @@ summarise a given text; SmolLM2's chat format) and lets the model stop at its en
 run at temperature 0 and warm each server up with the same requests before it is measured.
 `long-prompt` needs a server started with `--max-model-len 8192` or more; the others fit 2048.
 The `json-*` workloads sample at temperature 1.0 (greedy decoding of random weights tends to
-repeat one allowed token); `json-c16`/`json-c64` send the same requests as `json-c16-plain`/
-`json-c64-plain` with a JSON schema on each (vLLM's `structured_outputs` field, which both servers
-read), so only the grammar's cost differs.
+repeat one allowed token); `json-c16`/`json-c64` send requests drawn like those of
+`json-c16-plain`/`json-c64-plain`, with a JSON schema on each (vLLM's `structured_outputs` field,
+which both servers read). Each of the four draws with a seed of its own: the same prompts run
+again on the same server would be prefix-cache hits, flattering whichever runs second.
 """
 
 from __future__ import annotations
@@ -91,14 +92,14 @@ def _json_pair(concurrency: int, num_prompts: int) -> dict[str, tuple[str, Workl
         input_len=256, output_len=64, range_ratio=0.5, num_prompts=num_prompts,
         concurrency=concurrency, warmups=16,
     )  # fmt: skip
-    plain = replace(plain, temperature=1.0)
+    plain = replace(plain, temperature=1.0, dataset=replace(plain.dataset, seed=concurrency))
     body = {"structured_outputs": {"json": JSON_SCHEMA}}
+    constrained = replace(
+        plain, extra_body=body, dataset=replace(plain.dataset, seed=concurrency + 1)
+    )
     return {
         f"json-c{concurrency}-plain": (description, plain),
-        f"json-c{concurrency}": (
-            f"{description}, a JSON schema on every request",
-            replace(plain, extra_body=body),
-        ),
+        f"json-c{concurrency}": (f"{description}, a JSON schema on every request", constrained),
     }
 
 
