@@ -19,7 +19,6 @@ set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 INFERENGINE_CACHE_DIR=/tmp/ie-cache
 gguf=/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 ngram() { echo "{\"method\":\"ngram\",\"num_speculative_tokens\":$1,\"prompt_lookup_min\":2,\"prompt_lookup_max\":5}"; }
-NGRAM=$(ngram 6)
 if [ "${1:-}" = prepare ]; then
   bash benchmarks/default_model_gpu.sh assemble && rm /tmp/smollm2/part.aa || exit 1
   PYTHONPATH=/tmp/site:$PWD python3 -c "
@@ -40,8 +39,9 @@ run_set() {  # name, paired args...
 }
 for item in "$@"; do
   k=${item#*:}; item=${item%%:*}  # an item may name its draft length: smollm2:12
-  NGRAM=$(ngram 6) && sfx=""
-  [ "$k" != "$item" ] && NGRAM=$(ngram "$k") && sfx=-k$k
+  n=6 sfx=""
+  [ "$k" != "$item" ] && n=$k sfx=-k$k
+  NGRAM=$(ngram "$n")
   case $item in
     smollm2|smollm2-ours)  # smollm2-ours: without vLLM's server (its numbers do not change)
       hf=$(cat /tmp/smollm2/hf-path) || exit 1

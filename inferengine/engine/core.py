@@ -180,9 +180,9 @@ class EngineCore:
             if not self._inflight and self._speculate_now() and not self.structured.matchers:
                 # Drafted for the next step on collecting this one: launch it before these
                 # outputs go out, so that sending them overlaps the forward.
-                self._launch(self.depth if self._may_draft_ahead() else 1, True)
+                self._launch(self._depth(True), True)
             return self._finish_step(outputs)
-        depth = self.depth if not speculate or self._may_draft_ahead() else 1
+        depth = self._depth(speculate)
         launched_work = self._launch(depth, speculate)
         if self._inflight and (
             len(self._inflight) >= depth or not launched_work or self._drafts_in_flight()
@@ -240,6 +240,10 @@ class EngineCore:
             list(so.num_scheduled_tokens), self.scheduler.requests, so.scheduled_spec_decode_tokens
         )
         so.grammar_req_ids, so.grammar_bitmask = rows, mask
+
+    def _depth(self, speculate: bool) -> int:
+        """Steps that may be in flight: one for a speculating step that cannot draft ahead."""
+        return self.depth if not speculate or self._may_draft_ahead() else 1
 
     def _may_draft_ahead(self) -> bool:
         """Whether a speculating step may be drafted and launched before the one in flight is
