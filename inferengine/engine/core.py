@@ -80,6 +80,7 @@ class EngineCore:
             config.model_config.tokenizer, config.model_config.vocab_size
         )
         self._draft_share = 1.0  # running share of requests the proposer drafted for
+        self._padded_verify_tokens = 0  # the padded shape of the last verify step collected
         self._drafted: list[Request] = []  # requests given drafts since they were last dropped
         self._drafts_ready = False  # drafts proposed for the next step, not yet scheduled
         # Steps with drafts launched before the step in flight was collected (drafting ahead).
@@ -160,10 +161,9 @@ class EngineCore:
         past a guess for that token (a token proposer's continuation of the known text) and
         launched behind it, so speculating costs no exposed host time where nothing is drafted.
         Otherwise the first speculating step after others only collects the oldest step in
-        flight and drafts. A grammar's mask for a token needs
-        the token before it: with a step in flight, the new step's sampling waits for masks
-        made after that step is collected, while the new step's forward runs; the step after
-        it is launched as soon as they are given, so that its forward queues behind them."""
+        flight and drafts. A grammar's mask for a token needs the token before it: with a step
+        in flight, the new step's sampling waits for masks made after that step is collected,
+        while its forward runs; the step after it is launched once they are given."""
         self._admit_grammars()
         speculate = self._speculate_now()
         if (speculate and self._inflight) or self._drafts_in_flight():
@@ -279,6 +279,8 @@ class EngineCore:
         runner_output = pending.resolve()
         t1 = time.perf_counter()
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        if scheduler_output.scheduled_spec_decode_tokens:
+            self._padded_verify_tokens = pending.graph_size or 0
         if self.structured.matchers:
             self._advance_grammars(outputs)
         if self.spec is not None:
@@ -422,12 +424,12 @@ class EngineCore:
         earlier token; and logprobs, which are reported per sampled token. A draft model runs
         in the worker, on lookahead pages allocated here for its drafts and their verification.
         A request whose next token is still being sampled (drafting ahead, token proposers
-        only) gets the drafts that follow the proposer's guess for that token.
-        """
+        only) gets the drafts that follow the proposer's guess for that token."""
         assert self.spec is not None and self.draft_policy is not None
         self._drop_drafts()
         k = self.spec.num_speculative_tokens
         batch_tokens = len(self.scheduler.running)
+        padded = batch_tokens * (1 + k) <= self._padded_verify_tokens  # drafts cost nothing
         max_len = self.config.scheduler_config.max_model_len
         wanted: dict[str, tuple[int, list[int]]] = {}
         kv = self.scheduler.kv_cache_manager
@@ -450,7 +452,7 @@ class EngineCore:
                 max_len - request.num_tokens - on_way - 1,
             )
             if cap > 0:
-                cap = self.draft_policy.num_drafts(request.request_id, cap, batch_tokens)
+                cap = self.draft_policy.num_drafts(request.request_id, cap, batch_tokens, padded)
             if cap <= 0:
                 continue
             batch_tokens += cap

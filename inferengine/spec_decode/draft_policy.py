@@ -55,13 +55,19 @@ fit is determined (few steps, or scheduled tokens that hardly vary) the bucket's
 used, else one fitted over all buckets, else b = 0. Never more than `available` (nor
 `num_speculative_tokens`).
 
+When the step's verify runs in a padded shape (`padded=True`: a CUDA graph holding 1 + k tokens
+for every sequence, the engine core learns it from the verify steps it collects), the step
+costs the same whatever the drafts: a request that keeps any draft keeps all it has. N-gram
+drafts are accepted in runs (a quote is copied whole or not at all), so cutting them by the
+model above would drop the long runs for nothing.
+
 A request's alpha is its own exponentially weighted acceptance (`acceptance_weight` per
 observed draft: each accepted draft is a success, the first rejected one a failure, later ones
 unobserved), starting from the global rate: the same counts over all requests, fading by
 `global_decay` per step, with `prior_weight` pseudo-drafts at `prior_acceptance` (optimistic, so
 a fresh engine or a long pause tries speculating again). A request whose drafts keep being
 rejected drops to 0 drafts; it comes back by probing: once `backoff` steps have passed since its
-last verified draft it gets 1 draft anyway; a rejected first draft doubles its backoff (from
+last verified draft it gets 1 draft anyway (all it has when padded); a rejected first draft doubles its backoff (from
 `probe_backoff[0]` up to `probe_backoff[1]`), an accepted one resets it. Once its backoff has
 grown, a hopeless request costs one draft token per `probe_backoff[1]` steps, and an accepted
 probe lifts alpha enough to draft again at once. A request with no verified draft for
@@ -309,9 +315,12 @@ class DraftLengthPolicy:
 
     # ---- per request ------------------------------------------------------------------
 
-    def num_drafts(self, request_id: str, available: int, batch_tokens: int) -> int:
+    def num_drafts(
+        self, request_id: str, available: int, batch_tokens: int, padded: bool = False
+    ) -> int:
         """How many of the `available` drafts of `request_id` to verify this step, in a batch
-        that schedules about `batch_tokens` tokens (call once per request per step)."""
+        that schedules about `batch_tokens` tokens (call once per request per step); with
+        `padded`, every draft up to `num_speculative_tokens` costs the same as one."""
         limit = min(available, self.num_speculative_tokens)
         if limit <= 0:
             return 0
@@ -323,7 +332,7 @@ class DraftLengthPolicy:
             gain *= alpha
         if k == 0 and self._step - request.last_record >= request.backoff:
             k = 1  # a probe, so a request can come back
-        return k
+        return limit if padded and k else k
 
     def record_acceptance(self, request_id: str, num_drafts: int, num_accepted: int) -> None:
         """`num_drafts` drafts of `request_id` were verified; the first `num_accepted` passed."""

@@ -181,6 +181,17 @@ def test_a_large_marginal_token_cost_keeps_fewer_drafts():
     assert costly.num_drafts("s", K, 16) > 1
 
 
+def test_a_padded_verify_keeps_every_draft_of_a_request_that_keeps_any():
+    policy = DraftLengthPolicy(12, min_gain=0.2)
+    _drive(policy, 3, {"half": True})
+    policy._request("half").alpha = 0.5  # 0.5 ** 3 < 0.2: the cost model keeps 2 drafts
+    assert policy.num_drafts("half", 12, 13) == 2
+    assert policy.num_drafts("half", 12, 13, padded=True) == 12
+    assert policy.num_drafts("half", 7, 13, padded=True) == 7  # never more than available
+    _drive(policy, 40, {"bad": False})  # drops to 0 drafts: a padded step changes nothing
+    assert policy.num_drafts("bad", 12, 13, padded=True) == 0
+
+
 def test_finish_forgets_the_request():
     policy = DraftLengthPolicy(K)
     _drive(policy, 40, {"good": True, "bad": False})

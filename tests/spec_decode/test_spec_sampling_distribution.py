@@ -121,7 +121,7 @@ def always_speculate(monkeypatch):
     monkeypatch.setattr(
         DraftLengthPolicy,
         "num_drafts",
-        lambda self, request_id, available, batch_tokens: available,
+        lambda self, request_id, available, batch_tokens, padded=False: available,
     )
 
 
