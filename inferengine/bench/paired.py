@@ -37,6 +37,7 @@ from inferengine.bench.floor import batch1_floor
 from inferengine.bench.gates import Gate
 from inferengine.bench.gpu_trace import DEFAULT_INTERVAL_S, GpuTrace, describe_gpus
 from inferengine.bench.runner import fetch_first_model, jsonable, new_session, run_serve
+from inferengine.bench.spec_counters import output_lens_digest, scrape_spec_counters, spec_delta
 from inferengine.bench.summary import format_summary, run_metrics, spread, workload_summary
 from inferengine.bench.systems import ServerProcess, SystemSpec, bind_port, wait_until_healthy
 from inferengine.bench.vllm_client import VLLM_PYTHONPATH, vllm_bench_command
@@ -244,6 +245,7 @@ def run_workload(
     stem = f"r{k}-{spec.name}"
     run: dict = {"repeat": k, "position": position, "system": spec.name, "workload": named.name}
     model = spec.model or cfg.model or served_model(base_url)
+    counters = scrape_spec_counters(base_url)
     if cfg.judge == "vllm":
         result, record = run_vllm_judge(cfg, workload, base_url, model, folder / f"{stem}.json")
         run |= record
@@ -255,6 +257,8 @@ def run_workload(
         ended = time.time()
         _save(result, folder / f"{stem}.json")
     run["result_file"] = str((folder / f"{stem}.json").relative_to(out)) if result else None
+    run["speculation"] = spec_delta(counters, scrape_spec_counters(base_url))
+    run["output_lens_digest"] = output_lens_digest((result or {}).get("output_lens"))
     run["metrics"] = run_metrics(result)
     duration = run["metrics"].get("duration")
     busy = trace.busy_between(ended - duration, ended) if ended and duration else None

@@ -31,6 +31,7 @@ class FakeConfig:
     role_chunk: bool = True  # chat: a role-only first chunk, sent at once
     startup_delay_s: float = 0.0  # /health answers 503 until then
     log_requests: bool = False  # print a line per request (to fill a server log)
+    spec_counters: bool = False  # /metrics counts 3 drafts of 2 tokens per request, 4 accepted
 
 
 @dataclass
@@ -151,6 +152,13 @@ def make_app(cfg: FakeConfig) -> web.Application:
             f"vllm:prefix_cache_hits_total{labels} {float(state.prefix_hits)}",
             f"vllm:prefix_cache_hits_created{labels} 1.7e9",
         ]
+        if cfg.spec_counters:
+            for name, per_request in (
+                ("num_drafts", 3),
+                ("num_draft_tokens", 6),
+                ("num_accepted_tokens", 4),
+            ):
+                lines.append(f"vllm:spec_decode_{name}_total{labels} {per_request * state.count}.0")
         return web.Response(text="\n".join(lines) + "\n")
 
     app.router.add_get("/health", health)

@@ -43,7 +43,7 @@ def paired(out: Path, systems: list[str], tokenizer_dir: Path, *extra: str) -> i
 def paired_run(tokenizer_dir, tmp_path_factory):
     """A (fast) and B (15 ms per token), two rounds, our client as judge; one gate fails."""
     out = tmp_path_factory.mktemp("paired")
-    a = fake_command(token_delay_ms=1, startup_delay_s=0.6, log_requests=1)
+    a = fake_command(token_delay_ms=1, startup_delay_s=0.6, log_requests=1, spec_counters=1)
     b = fake_command(token_delay_ms=15, log_requests=1)
     code = paired(
         out, [f"A={a}", f"B={b}"], tokenizer_dir, *WORKLOAD, "--repeats", "2", "--judge", "ours",
@@ -85,6 +85,18 @@ def test_rounds_alternate_and_every_run_is_kept(paired_run):
     )
     ready = summary["ready_s"]["A"]
     assert ready["runs"] == [x["ready_s"] for x in launches if x["system"] == "A"]
+
+
+def test_speculation_counters_and_output_lengths_are_recorded_per_run(paired_run):
+    _, _, summary = paired_run
+    w = summary["workloads"]["custom"]
+    for run in w["systems"]["A"]["runs"]:  # 12 requests: 36 drafts, 72 tokens, 48 accepted
+        assert run["speculation"] == {
+            "drafts": 36, "draft_tokens": 72, "accepted_tokens": 48,
+            "acceptance_rate": pytest.approx(2 / 3), "mean_accepted_length": pytest.approx(7 / 3),
+        }  # fmt: skip
+    assert all(run["speculation"] is None for run in w["systems"]["B"]["runs"])
+    assert w["same_output_lens"] == {"A": [True, True], "B": [True, True]}  # --ignore-eos
 
 
 def test_gates_use_the_medians(paired_run):
