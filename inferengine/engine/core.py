@@ -412,8 +412,7 @@ class EngineCore:
         picked = [
             running[(start + i) % len(running)] for i in range(min(PROBE_REQUESTS, len(running)))
         ]
-        k = self.spec.num_speculative_tokens
-        drafted = sum(1 for r in picked if self.proposer.propose(r.all_token_ids, k, r.request_id))
+        drafted = sum(1 for r in picked if self.proposer.probe(r.all_token_ids, r.request_id))
         self._count_drafts(len(picked), drafted)
 
     def _propose_drafts(self) -> None:

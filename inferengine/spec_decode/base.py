@@ -27,6 +27,11 @@ class TokenProposer(Protocol):
         and the drafts are the tokens after those."""
         ...
 
+    def probe(self, token_ids: Sequence[int], request_id: str = "") -> bool:
+        """Whether `propose` would draft something after `token_ids` now: asked of a few
+        requests while nothing speculates, so it should cost little."""
+        ...
+
     def finish(
         self, request_id: str, token_ids: Sequence[int] | None = None, num_prompt_tokens: int = 0
     ) -> None:

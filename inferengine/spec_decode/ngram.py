@@ -68,6 +68,20 @@ class NgramProposer:
                 return drafts[lookahead:]
         return []
 
+    def probe(self, token_ids: Sequence[int] | np.ndarray, request_id: str = "") -> bool:
+        """Whether `propose` would draft now: the tail's `prompt_lookup_min` tokens occur
+        earlier with a successor (any longer match contains that one). One vectorised pass
+        over the text, no index: a request probed once costs no Python objects per token."""
+        n = self.config.prompt_lookup_min
+        if self.config.num_speculative_tokens <= 0 or len(token_ids) < n + 1:
+            return False
+        a = np.asarray(token_ids)
+        last = len(a) - 1
+        ends = a[n - 1 : last] == a[last]  # candidate ends e = n-1 .. last-1
+        for j in range(1, n):
+            ends &= a[n - 1 - j : last - j] == a[last - j]
+        return bool(ends.any())
+
     def _index(self, request_id: str, tokens: Sequence[int]) -> _Index:
         """The request's index brought up to `tokens` (rebuilt if they are not a continuation
         of what it holds)."""

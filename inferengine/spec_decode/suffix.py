@@ -240,6 +240,14 @@ class SuffixProposer:
                 drafts = found
         return drafts[lookahead:]
 
+    def probe(self, token_ids: Sequence[int], request_id: str = "") -> bool:
+        """Whether `propose` would draft now: the request's index is built (and kept for its
+        later proposals), so the first probe of a long text is not cheap."""
+        found = bool(self.propose(token_ids, 1, request_id))
+        if not request_id:
+            self._requests.pop("", None)
+        return found
+
     def finish(
         self, request_id: str, token_ids: Sequence[int] | None = None, num_prompt_tokens: int = 0
     ) -> None:

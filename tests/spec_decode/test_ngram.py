@@ -97,6 +97,22 @@ def test_the_incremental_index_proposes_what_a_fresh_lookup_does(seed):
     assert p._indexes == {}
 
 
+@pytest.mark.parametrize("lo", [1, 2, 3])
+def test_a_probe_says_whether_propose_would_draft_and_keeps_nothing(lo):
+    import random
+
+    rng = random.Random(lo)
+    p = proposer(k=4, lo=lo, hi=5)
+    hits = 0
+    for _ in range(300):
+        tokens = [rng.randrange(5 - lo) for _ in range(rng.randint(0, 14))]
+        expected = bool(_lookup_from_scratch(tokens, 4, lo, 5))
+        assert p.probe(tokens) is expected, tokens
+        hits += expected
+    assert 30 < hits < 270  # both answers were exercised
+    assert p._indexes == {}
+
+
 def test_lookahead_drafts_follow_the_guess_for_the_token_on_its_way():
     tokens = [1, 5, 6, 7, 8, 9, 2, 5, 6]  # -> 7 8 9 2 5 ...
     assert proposer(k=3).propose(tokens, lookahead=1) == [8, 9, 2]  # 7 stands for the token

@@ -169,14 +169,19 @@ def test_a_batch_the_policy_turns_off_runs_as_plain_async_decoding(tiny_checkpoi
 
     path = str(tiny_checkpoint("llama3-tied"))
     monkeypatch.setattr(DraftLengthPolicy, "speculate_now", lambda self, n: False)
-    calls = []
-    propose = NgramProposer.propose
+    calls, proposed = [], []
+    probe, propose = NgramProposer.probe, NgramProposer.propose
 
     def counting(self, *args, **kwargs):
         calls.append(1)
+        return probe(self, *args, **kwargs)
+
+    def proposing(self, *args, **kwargs):
+        proposed.append(1)
         return propose(self, *args, **kwargs)
 
-    monkeypatch.setattr(NgramProposer, "propose", counting)
+    monkeypatch.setattr(NgramProposer, "probe", counting)
+    monkeypatch.setattr(NgramProposer, "propose", proposing)
     prompts, params = _requests()
     plain = LLM(path, max_model_len=256).generate(prompts, params, use_tqdm=False)
     llm = LLM(path, max_model_len=256, speculative_config=SPEC)
@@ -195,6 +200,7 @@ def test_a_batch_the_policy_turns_off_runs_as_plain_async_decoding(tiny_checkpoi
     assert core.scheduler.spec_stats.num_drafts == 0
     assert sum(overlapped) > len(overlapped) // 2
     assert 0 < len(calls) <= (len(overlapped) // PROBE_EVERY + 1) * PROBE_REQUESTS
+    assert not proposed and not core.proposer._indexes  # probes build no index
 
 
 def test_a_batch_with_nothing_to_draft_stops_speculating_at_once(tiny_checkpoint):

@@ -311,6 +311,13 @@ def test_the_global_cache_matches_the_brute_force_counts_through_evictions(seed)
     assert not p._requests
 
 
+def test_a_probe_says_whether_propose_would_draft():
+    p = SuffixProposer(SpeculativeConfig("suffix", 4))
+    assert p.probe([1, 2, 3, 1, 2], "r") and not p.probe([1, 2, 3, 4, 5], "s")
+    assert set(p._requests) == {"r", "s"}  # kept for the requests' later proposals
+    assert p.probe([1, 2, 3, 1, 2]) and "" not in p._requests
+
+
 def test_lookahead_drafts_follow_the_guess_for_the_token_on_its_way():
     tokens = [1, 2, 3, 4, 5, 6, 1, 2]
     assert proposer(k=8, factor=4.0).propose(tokens) == [3, 4, 5, 6, 1, 2]
