@@ -15,6 +15,7 @@
 #                                           (smollm2-ours: without vLLM's server; an item
 #                                           may end with :K, the n-gram draft length, default 6)
 #   carry .peer2:                           GIT_REV=<sha> bash benchmarks/gpu_spec.sh qwen
+# REPEATS=<n> runs n rounds in alternating order (default 1).
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 INFERENGINE_CACHE_DIR=/tmp/ie-cache
 gguf=/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -33,7 +34,7 @@ ie() { python3 -m inferengine.entrypoints.cli.main "$@"; }
 run_set() {  # name, paired args...
   local name=$1; shift
   local d=/tmp/pr/$S-$name
-  ie bench paired "$@" --disable-tqdm --repeats 1 --judge vllm --revision "${GIT_REV:-unknown}" \
+  ie bench paired "$@" --disable-tqdm --repeats "${REPEATS:-1}" --judge vllm --revision "${GIT_REV:-unknown}" \
     --name "$name" --out-dir "$d" 2>&1 | tail -40
   tar czf "$OUT/$S-$name.tgz" -C /tmp/pr "$S-$name"
 }
