@@ -52,11 +52,13 @@ for item in "$@"; do
         --system "inferengine=preset:inferengine --max-model-len 4096 --disable-log-requests" \
         --system "inferengine-ngram=preset:inferengine --max-model-len 4096 --disable-log-requests --speculative-config '$NGRAM'" \
         "${peer[@]}";;
-    qwen)
+    qwen|qwen-c256)  # qwen-c256: the c256 workload alone (more rounds for the same time)
+      loads=(--workload c64 --workload c256)
+      [ "$item" = qwen-c256 ] && loads=(--workload c256)
       run_set spec-qwen2.5-7b$sfx --model-dir configs/qwen2.5-7b --served-model-name qwen2.5-7b \
-        --workload c64 --workload c256 \
+        "${loads[@]}" \
         --system "inferengine=preset:inferengine --load-format dummy --max-model-len 2048 --gpu-memory-utilization 0.82 --disable-log-requests" \
         --system "inferengine-ngram=preset:inferengine --load-format dummy --max-model-len 2048 --gpu-memory-utilization 0.82 --disable-log-requests --speculative-config '$NGRAM'";;
-    *) echo "unknown item $item: smollm2 or qwen (or prepare, alone)" >&2; exit 2;;
+    *) echo "unknown item $item: smollm2, smollm2-ours, qwen or qwen-c256 (or prepare, alone)" >&2; exit 2;;
   esac
 done

@@ -107,6 +107,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     add_workload_args(parser)
     g = parser.add_argument_group("result")
     g.add_argument("--save-result", action="store_true", help="write the result JSON")
+    g.add_argument(
+        "--save-detailed",
+        action="store_true",
+        help="vLLM's flag, for the same command lines: our result always holds the per-request "
+        "arrays (output lengths, times)",
+    )
     g.add_argument("--result-dir", default=None)
     g.add_argument("--result-filename", default=None)
     g.add_argument("--label", default=None)

@@ -23,9 +23,10 @@ How our workload maps onto vLLM's flags (`vllm_bench_flags` builds exactly this)
     --extra-body JSON                 --extra-body JSON
     --goodput K:V ...                 --goodput K:V ...
     --percentile-metrics, --metric-percentiles   the same names
-    (always)                          --save-result --disable-tqdm
+    (always)                          --save-result --save-detailed --disable-tqdm
                                       --result-dir --result-filename --label
-    (not sent)                        --save-detailed: per-request arrays stay out of results
+                                      (the per-request arrays give the output-length digest of
+                                      `spec_counters.py`; compaction drops them from the folder)
 
 Not mapped: --request-timeout (vLLM's client waits up to 6 hours). vLLM's client also asks the
 server's /tokenize to re-align random prompts when the tokenizers disagree; ours does not.
@@ -117,7 +118,7 @@ def vllm_bench_command(
         "env", f"PYTHONPATH={pythonpath}",
         python, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
         *vllm_bench_flags(workload, base_url, model, tokenizer),
-        "--save-result", "--disable-tqdm",
+        "--save-result", "--save-detailed", "--disable-tqdm",
         "--result-dir", str(result_file.parent), "--result-filename", result_file.name,
         "--label", label,
     ]  # fmt: skip

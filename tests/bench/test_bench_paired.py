@@ -167,9 +167,8 @@ def test_vllm_judge_with_our_client_beside(fake_server, tokenizer_dir, tmp_path)
     assert summary["judge"] == "vllm bench serve" and summary["our_client_beside"]
     run = summary["workloads"]["custom"]["systems"]["S"]["runs"][0]
     assert run["metrics"]["completed"] == 12 and run["our_client"]["completed"] == 12
-    assert (
-        "--num-warmups 3" in run["judge_command"] and "--save-detailed" not in run["judge_command"]
-    )
+    assert "--num-warmups 3" in run["judge_command"] and "--save-detailed" in run["judge_command"]
+    assert run["output_lens_digest"] is not None  # from the per-request arrays
     assert (out / "runs/custom/r0-S.json").exists() and (
         out / "runs/custom/r0-S-ours.json"
     ).exists()

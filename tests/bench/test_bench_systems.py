@@ -194,7 +194,7 @@ def test_vllm_client_command_for_other_datasets(tmp_path):
     assert v["--backend"] == "openai-chat" and v["--dataset-name"] == "prefix_repetition"
     assert "--temperature" not in v and "--model" not in v
     assert (v["--result-dir"], v["--result-filename"]) == (str(tmp_path), "A-vllm.json")
-    assert "--save-result" in v and "--save-detailed" not in v  # no per-request arrays
+    assert "--save-result" in v and "--save-detailed" in v  # output lengths for the digest
     share = WorkloadConfig(dataset=DatasetConfig(name="sharegpt", path="/d.json"))
     v = flag_values(vllm_bench_flags(share, "http://h:1", "m", "/tok"))
     assert v["--dataset-path"] == "/d.json" and "--sharegpt-output-len" not in v
