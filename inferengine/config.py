@@ -229,6 +229,9 @@ _SUFFIX_KEYS = (
 _DRAFT_KEYS = ("model",)
 SPEC_KEYS = ("method", "num_speculative_tokens", *_NGRAM_KEYS, *_SUFFIX_KEYS, *_DRAFT_KEYS)
 _METHOD_KEYS = {"ngram": _NGRAM_KEYS, "suffix": _SUFFIX_KEYS, "draft_model": _DRAFT_KEYS}
+# Drafts one step may verify, over all its requests: start-up reserves memory for a logits row
+# (full vocabulary) per request and per draft.
+MAX_DRAFTS_PER_STEP = 768
 
 
 @dataclass
@@ -290,6 +293,11 @@ class SpeculativeConfig:
                 'target\'s tokenizer, e.g. {"method": "draft_model", "model": "/models/small", '
                 '"num_speculative_tokens": 4}.'
             )
+
+    def max_logits_rows(self, max_num_seqs: int) -> int:
+        """The most logits rows a step samples: one per request and one per draft, of which
+        the engine core gives at most `MAX_DRAFTS_PER_STEP` a step."""
+        return max_num_seqs + min(max_num_seqs * self.num_speculative_tokens, MAX_DRAFTS_PER_STEP)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SpeculativeConfig:

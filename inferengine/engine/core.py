@@ -10,7 +10,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from inferengine import envs
-from inferengine.config import EngineConfig
+from inferengine.config import MAX_DRAFTS_PER_STEP, EngineConfig
 from inferengine.core.engine_io import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from inferengine.core.request import FinishReason, Request, RequestStatus
 from inferengine.core.sched_output import ModelRunnerOutput, SchedulerOutput
@@ -407,11 +407,9 @@ class EngineCore:
         self._probe_step += 1
         if self._probe_step % PROBE_EVERY:
             return
-        running = self.scheduler.running
-        start = (self._probe_step // PROBE_EVERY) * PROBE_REQUESTS
-        picked = [
-            running[(start + i) % len(running)] for i in range(min(PROBE_REQUESTS, len(running)))
-        ]
+        running, start = self.scheduler.running, self._probe_step // PROBE_EVERY * PROBE_REQUESTS
+        n = min(PROBE_REQUESTS, len(running))
+        picked = [running[(start + i) % len(running)] for i in range(n)]
         drafted = sum(1 for r in picked if self.proposer.probe(r.all_token_ids, r.request_id))
         self._count_drafts(len(picked), drafted)
 
@@ -430,6 +428,7 @@ class EngineCore:
         batch_tokens = len(self.scheduler.running)
         padded = batch_tokens * (1 + k) <= self._padded_verify_tokens  # drafts cost nothing
         max_len = self.config.scheduler_config.max_model_len
+        budget = MAX_DRAFTS_PER_STEP  # logits rows start-up reserved memory for
         wanted: dict[str, tuple[int, list[int]]] = {}
         kv = self.scheduler.kv_cache_manager
         looked = drafted = 0
@@ -447,6 +446,7 @@ class EngineCore:
                 continue
             cap = min(
                 k,
+                budget,
                 request.max_tokens - request.num_output_tokens - on_way - 1,
                 max_len - request.num_tokens - on_way - 1,
             )
@@ -455,6 +455,7 @@ class EngineCore:
             if cap <= 0:
                 continue
             batch_tokens += cap
+            budget -= cap
             if self.proposer is not None:
                 request.spec_token_ids = self.proposer.propose(
                     request.all_token_ids, cap, request.request_id, lookahead=on_way

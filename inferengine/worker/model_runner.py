@@ -102,7 +102,7 @@ class ModelRunner:
             sc.max_model_len,
             self.block_size,
             device,
-            max_logits_rows=sc.max_num_seqs * (1 + self.max_drafts),
+            max_logits_rows=spec.max_logits_rows(sc.max_num_seqs) if spec else sc.max_num_seqs,
         )
         self.graphs: CudaGraphRunner | None = None
         self._last: PendingStep | None = None  # the last launched step

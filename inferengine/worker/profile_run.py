@@ -60,7 +60,9 @@ def profile_run(runner: ModelRunner) -> None:
             return
     else:
         hidden = runner.model(input_ids, positions, kv, metadata)
-    rows = min(sc.max_num_seqs * (1 + runner.max_drafts), num_tokens)
+    spec = runner.config.speculative_config
+    rows = spec.max_logits_rows(sc.max_num_seqs) if spec is not None else sc.max_num_seqs
+    rows = min(rows, num_tokens)
     logits = runner.model.compute_logits(hidden[:rows])
     params = [SamplingParams(temperature=1.0, top_p=0.9, top_k=50, logprobs=5)] * rows
     md = build_sampling_metadata(

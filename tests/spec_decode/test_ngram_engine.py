@@ -225,3 +225,39 @@ def test_a_batch_with_nothing_to_draft_stops_speculating_at_once(tiny_checkpoint
     llm.generate(prompts, SamplingParams(temperature=1.0, max_tokens=60), use_tqdm=False)
     assert core.scheduler.spec_stats.num_drafts == 0
     assert len(speculated) > 50 and sum(speculated) <= 3
+
+
+def test_a_step_verifies_at_most_max_drafts_per_step(tiny_checkpoint, monkeypatch):
+    """The drafts of one step stay within the logits rows start-up reserved memory for
+    (MAX_DRAFTS_PER_STEP, here lowered to 5): the same tokens, fewer drafts a step."""
+    import inferengine.engine.core as core_module
+
+    monkeypatch.setattr(core_module, "MAX_DRAFTS_PER_STEP", 5)
+    path = str(tiny_checkpoint("llama3-tied"))
+    plain, _, _, _ = _run(path, None)
+    llm = LLM(path, max_model_len=256, speculative_config=SPEC)
+    core = llm.llm_engine.core
+    per_step = []
+    launch = core._launch
+
+    def watching(depth, speculate):
+        launched = launch(depth, speculate)
+        if core._inflight:
+            drafts = core._inflight[-1][0].scheduled_spec_decode_tokens
+            per_step.append(sum(len(d) for d in drafts.values()))
+        return launched
+
+    monkeypatch.setattr(core, "_launch", watching)
+    prompts, params = _requests()
+    out = [llm.generate(prompts, params, use_tqdm=False) for _ in range(2)]
+    tokens = [[(c.token_ids, c.finish_reason) for c in o.outputs] for r in out for o in r]
+    assert tokens == plain
+    assert max(per_step) == 5 and core.scheduler.spec_stats.num_accepted_tokens > 0
+
+
+def test_start_up_reserves_a_logits_row_per_request_and_per_allowed_draft():
+    from inferengine.config import MAX_DRAFTS_PER_STEP, SpeculativeConfig
+
+    spec = SpeculativeConfig("ngram", 12)
+    assert spec.max_logits_rows(8) == 8 + 8 * 12
+    assert spec.max_logits_rows(256) == 256 + MAX_DRAFTS_PER_STEP

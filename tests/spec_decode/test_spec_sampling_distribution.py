@@ -104,12 +104,16 @@ def cycle_model(tmp_path_factory) -> tuple[str, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def engines(cycle_model) -> tuple[LLM, LLM]:
-    """Engines without and with speculation, built once for the module."""
+def engines(cycle_model):
+    """Engines without and with speculation, built once for the module; every one of the 512
+    requests of a step may draft (the default cap on drafts a step is lower)."""
     path, _ = cycle_model
-    plain = LLM(path, max_model_len=64, max_num_seqs=512)
-    spec = LLM(path, max_model_len=64, max_num_seqs=512, speculative_config=SPEC)
-    return plain, spec
+    with pytest.MonkeyPatch.context() as mp:
+        for module in ("inferengine.config", "inferengine.engine.core"):
+            mp.setattr(f"{module}.MAX_DRAFTS_PER_STEP", 512 * SPEC["num_speculative_tokens"])
+        plain = LLM(path, max_model_len=64, max_num_seqs=512)
+        spec = LLM(path, max_model_len=64, max_num_seqs=512, speculative_config=SPEC)
+        yield plain, spec
 
 
 @pytest.fixture(autouse=True)
