@@ -54,24 +54,27 @@ def load_paired(results: Path) -> list[tuple[str, dict]]:
 
 def spec_section(paired: list[tuple[str, dict]], results: Path = RESULTS) -> list[str]:
     """Every speculative-decoding run (folders named `*-spec-*`), oldest first: each system's
-    output throughput and median time per output token, and speculation's ratio to none."""
+    output throughput and median time per output token (median over the folder's rounds, each
+    round in brackets), speculation's ratio to none, and the mean accepted length."""
     runs = [(name, s) for name, s in paired if "-spec-" in name]
     if not runs:
         return ["No speculative-decoding folder yet."]
     lines = [
-        f"`inferengine bench paired` (judge `vllm bench serve`), one round per folder, on one "
-        f"{gpu_name(runs[-1][1])}, n-gram with `prompt_lookup_min` 2, `prompt_lookup_max` 5 "
+        f"`inferengine bench paired` (judge `vllm bench serve`, rounds in alternating order) on "
+        f"one {gpu_name(runs[-1][1])}, n-gram with `prompt_lookup_min` 2, `prompt_lookup_max` 5 "
         "and the folder's `num_speculative_tokens` (k) for every speculating system "
-        "(`benchmarks/gpu_spec.sh`). Each cell: output tok/s / median TPOT ms; the ratio is "
-        "speculation's output throughput over InferEngine without it.",
+        "(`benchmarks/gpu_spec.sh`). Each cell: output tok/s / median TPOT ms, the median over "
+        "the rounds (each round in brackets); the ratio is speculation's median output "
+        "throughput over InferEngine's without it; accepted: tokens per verify step (accepted "
+        "drafts + 1, from the servers' counters), ours / vLLM's.",
         "",
         "| folder | revision | k | workload | InferEngine | InferEngine n-gram | ratio "
-        "| vLLM n-gram |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| vLLM n-gram | accepted |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, s in runs:
         for workload in s["workloads"]:
-            cells, tput = [], {}
+            cells, tput, accepted = [], {}, []
             for system in ("inferengine", "inferengine-ngram", "vllm-ngram"):
                 found = runs_of([s], workload, system) if system in s["systems"] else []
                 if not found:
@@ -79,14 +82,26 @@ def spec_section(paired: list[tuple[str, dict]], results: Path = RESULTS) -> lis
                     continue
                 tput[system] = metric_values(found, "output_throughput")
                 tpot = metric_values(found, "median_tpot_ms")
-                cells.append(f"{tput[system][0]:,.0f} / {tpot[0]:.2f}")
+                cells.append(_cell(tput[system], tpot))
+                lengths = [
+                    r["speculation"]["mean_accepted_length"] for r in found if r.get("speculation")
+                ]
+                if system != "inferengine":
+                    accepted.append(f"{statistics.median(lengths):.2f}" if lengths else "-")
             both = "inferengine" in tput and "inferengine-ngram" in tput
             r = ratio(tput["inferengine-ngram"], tput["inferengine"]) if both else "-"
             lines.append(
                 f"| `{name}` | {s['revision'][:7]} | {draft_length(results / name)} | {workload} "
-                f"| {cells[0]} | {cells[1]} | {r} | {cells[2]} |"
+                f"| {cells[0]} | {cells[1]} | {r} | {cells[2]} | {' / '.join(accepted)} |"
             )
     return lines
+
+
+def _cell(throughputs: list[float], tpots: list[float]) -> str:
+    cell = f"{statistics.median(throughputs):,.0f} / {statistics.median(tpots):.2f}"
+    if len(throughputs) > 1:
+        cell += " (" + ", ".join(f"{t:,.0f}" for t in throughputs) + ")"
+    return cell
 
 
 def newest_runs(paired: list[tuple[str, dict]], workload: str) -> tuple[list[str], list[dict]]:
