@@ -36,39 +36,49 @@ def gap(top: dict[int, float], plain: int, spec: int) -> float | None:
     return top[plain] - top[spec] if plain in top and spec in top else None
 
 
-def _free(llm) -> None:
-    llm.llm_engine.core.shutdown()
-    del llm
-    gc.collect()
-    try:
-        import torch
+def _run(model: str, args, fn, **kwargs):
+    """`fn(llm)` on a fresh engine (a third of the GPU's memory), which is then freed: four
+    engines run one after another in this process."""
+    import torch
 
+    from inferengine import LLM
+
+    if torch.cuda.is_available():
+        kwargs.setdefault("gpu_memory_utilization", 0.3)
+    llm = LLM(model, max_model_len=args.max_model_len, **kwargs)
+    try:
+        return fn(llm)
+    finally:
+        llm.llm_engine.core.shutdown()
+        del llm
+        gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    except ImportError:
-        pass
 
 
 def _generate(model: str, prompts: list[str], args, **kwargs) -> list[tuple[list, list]]:
     """Each prompt alone (batch 1): its token ids and the greedy output's."""
-    from inferengine import LLM, SamplingParams
+    from inferengine import SamplingParams
 
-    llm = LLM(model, max_model_len=args.max_model_len, **kwargs)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-    outs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
-    _free(llm)
-    return [(list(o.prompt_token_ids), list(o.outputs[0].token_ids)) for o in outs]
+
+    def generate(llm) -> list[tuple[list, list]]:
+        outs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+        return [(list(o.prompt_token_ids), list(o.outputs[0].token_ids)) for o in outs]
+
+    return _run(model, args, generate, **kwargs)
 
 
 def _top5(model: str, prefixes: list[list[int]], args, dtype: str) -> list[dict[int, float]]:
-    from inferengine import LLM, SamplingParams
+    from inferengine import SamplingParams
 
-    llm = LLM(model, max_model_len=args.max_model_len, dtype=dtype, enable_prefix_caching=False)
     params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prefixes], params, use_tqdm=False)
-    tops = [{t: lp.logprob for t, lp in o.outputs[0].logprobs[0].items()} for o in outs]
-    _free(llm)
-    return tops
+
+    def top5(llm) -> list[dict[int, float]]:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prefixes], params, use_tqdm=False)
+        return [{t: lp.logprob for t, lp in o.outputs[0].logprobs[0].items()} for o in outs]
+
+    return _run(model, args, top5, dtype=dtype, enable_prefix_caching=False)
 
 
 def main() -> int:
