@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from datetime import UTC, datetime
@@ -20,7 +21,8 @@ def write_result_folder(
     root: str | Path | None = None,
 ) -> Path:
     """`<root>/<UTC stamp>-<name>/` (root: `benchmarks/results`), or exactly `out_dir`, with
-    results.json, command.txt and environment.txt; compacted if over its size budget."""
+    results.json, command.txt and environment.txt (naming `GIT_REV` as the revision measured,
+    when set); compacted if over its size budget."""
     from inferengine.bench.compact import FOLDER_BUDGET_BYTES, compact_folder, folder_bytes
     from inferengine.bench.environment import environment_text
 
@@ -30,7 +32,9 @@ def write_result_folder(
     command = shlex.join([sys.executable, *sys.argv])
     (folder / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (folder / "command.txt").write_text(command + "\n")
-    (folder / "environment.txt").write_text(environment_text({name: command}))
+    # GIT_REV: the revision of a copied checkout (the GPU host's .git copy may be stale).
+    revision = os.environ.get("GIT_REV") or None
+    (folder / "environment.txt").write_text(environment_text({name: command}, revision))
     if folder_bytes(folder) > FOLDER_BUDGET_BYTES:
         report = compact_folder(folder)
         print(
