@@ -68,23 +68,27 @@ def workload_summary(
             m: ratio(medians[a].get(m), medians[b].get(m)) for m in [*HEADLINE_METRICS, "busy_pct"]
         }
     mine = [g for g in gates if g.workload in (None, workload)]
-    digests = {
-        name: [r.get("output_lens_digest") for r in e["runs"]] for name, e in by_system.items()
-    }
-    first = next(iter(digests.values()), [None])[:1]
     verdicts = [evaluate_gate(g, medians, systems) for g in mine]
     return {
         "systems": by_system,
         "ratios": ratios,
         "ratio_of": f"{systems[0]}/{systems[1]}" if len(systems) >= 2 else None,
         "gates": verdicts,
-        # Whether each run's per-request output lengths equal those of the first system's
-        # first run (greedy workloads: speculation and plain decoding should agree).
-        "same_output_lens": {
-            name: [d is not None and d == first[0] for d in ds] for name, ds in digests.items()
-        }
-        if first and first[0] is not None
-        else None,
+        "same_output_lens": same_output_lens(by_system),
+    }
+
+
+def same_output_lens(by_system: Mapping[str, Mapping]) -> dict[str, list[bool]] | None:
+    """Per system and run, whether its per-request output lengths equal those of the first
+    system's first run (greedy workloads: speculation and plain decoding should agree); None
+    when that run has no digest."""
+    runs = next(iter(by_system.values()), {}).get("runs") or [{}]
+    reference = runs[0].get("output_lens_digest")
+    if reference is None:
+        return None
+    return {
+        name: [r.get("output_lens_digest") == reference for r in entry["runs"]]
+        for name, entry in by_system.items()
     }
 
 
