@@ -6,6 +6,7 @@
 #               prefix caching only
 #   K:offload   round K: inferengine against vLLM with its native CPU offload
 #               (--kv-offloading-size, the OffloadingConnector), the same CPU budget
+#   K:ours      round K's sessions against inferengine alone (a check before paired rounds)
 #   smoke       the script's path on the CPU (no GPU, no vLLM): our server on smollm2-135m with
 #               dummy weights, a 512-token pool and a small CPU tier, 4 sessions x 3 turns
 # Round K rotates the launch order (K even: inferengine first) and uses sessions of seed K. Run
@@ -24,7 +25,7 @@
 # --max-model-len 8192. A run takes about 90 s per system.
 # Target (gates): median TTFT of turns >= 2 at most 1/3 of vLLM's, output throughput >= vLLM's.
 set -u
-[ $# -gt 0 ] || { echo "usage: gpu_agent.sh ROUND:pair|ROUND:offload|smoke ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: gpu_agent.sh ROUND:pair|ROUND:offload|ROUND:ours|smoke ..." >&2; exit 2; }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 S=$(date -u +%Y%m%dT%H%M%SZ)
 OUT=${OUT:-/tmp/agent-out}
@@ -44,7 +45,7 @@ run_set() {  # round, name, agent args...
   local round=$1 short=$2 name=$S-$2-r$1; shift 2
   ie bench agent --model-dir configs/qwen2.5-7b --served-model-name qwen2.5-7b "${workload[@]}" \
     --repeats 1 --start-repeat "$round" --revision "${GIT_REV:-unknown}" --name "$short" \
-    --out-dir "/tmp/pr/$name" "${gates[@]}" "$@" 2>&1 | tail -40
+    --out-dir "/tmp/pr/$name" "$@" 2>&1 | tail -40
   tar czf "$OUT/$name.tgz" -C /tmp/pr "$name"
 }
 for item in "$@"; do
@@ -60,10 +61,12 @@ for item in "$@"; do
       tar czf "$OUT/$name.tgz" -C /tmp/pr "$name";;
     *:pair)
       . benchmarks/gpu_peer_site.sh
-      run_set "${item%%:*}" agent --system "$sys_ie" --system "$sys_vl";;
+      run_set "${item%%:*}" agent "${gates[@]}" --system "$sys_ie" --system "$sys_vl";;
+    *:ours)
+      run_set "${item%%:*}" agent-ours --system "$sys_ie";;
     *:offload)
       . benchmarks/gpu_peer_site.sh
-      run_set "${item%%:*}" agent-offload --system "$sys_ie" --system "$sys_vo";;
-    *) echo "unknown item $item: ROUND:pair, ROUND:offload or smoke" >&2; exit 2;;
+      run_set "${item%%:*}" agent-offload "${gates[@]}" --system "$sys_ie" --system "$sys_vo";;
+    *) echo "unknown item $item: ROUND:pair, ROUND:offload, ROUND:ours or smoke" >&2; exit 2;;
   esac
 done

@@ -2,10 +2,11 @@
 the CPU tier, session leases, and page accounting.
 
 With a CPU tier, the manager lists the copies each step needs: `offloads` (GPU page -> host
-slot: a cached page about to be reused, or next in line for eviction) and `loads` (host slot ->
-a fresh GPU page: a prefix found only in the CPU tier). The worker runs the offloads first,
-then the loads, then the step, so a page is saved before it is overwritten and a slot is filled
-before it is read.
+slot: a cached page this step reuses), `loads` (host slot -> a fresh GPU page: a prefix found
+only in the CPU tier) and `writebacks` (GPU page -> host slot: a free page next in line for
+eviction, saved ahead of time). The worker runs the offloads first, then the loads, then the
+step, so a page is saved before it is overwritten and a slot is filled before it is read; the
+write-backs overlap the step (their pages are free in it) and are done before the next.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from inferengine.core.block_pool import BlockPool, KVCacheBlock, KVEvent
 from inferengine.core.host_tier import HostTier
 from inferengine.core.request import Request
+
+Copies = list[tuple[int, int]]
 
 WRITEBACK_WINDOW = 64  # free pages next in line for eviction looked at each step
 WRITEBACK_PER_STEP = 32  # of which at most this many are copied to the CPU tier ahead of time
@@ -52,6 +55,7 @@ class KVCacheManager:
         self.prefix_stats = PrefixCacheStats()
         self.offloads: list[tuple[int, int]] = []  # (GPU page, host slot), this step
         self.loads: list[tuple[int, int]] = []  # (host slot, GPU page), this step
+        self.writebacks: list[tuple[int, int]] = []  # (GPU page, host slot), this step
         self.sessions: dict[str, float] = {}  # session key -> end of its longest lease
         self._session_ends: list[tuple[float, str]] = []  # heap of (lease end, session key)
 
@@ -214,10 +218,11 @@ class KVCacheManager:
                 self.offloads.append((block_id, slot))
                 self.prefix_stats.offloaded_blocks += 1
 
-    def end_step(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """This step's copies, (offloads, loads), after saving ahead of time the pages next in
-        line for eviction into free slots (so that reusing them later needs no copy of its
-        own; a page still on the GPU never pushes out the only copy of another)."""
+    def end_step(self) -> tuple[Copies, Copies, Copies]:
+        """This step's copies, (offloads, loads, writebacks): the write-backs save ahead of
+        time the pages next in line for eviction into free slots (so that reusing them later
+        needs no copy of its own; a page still on the GPU never pushes out the only copy of
+        another)."""
         if self.host is not None:
             looked = saved = 0
             for block in self.pool.free_in_eviction_order():
@@ -229,12 +234,12 @@ class KVCacheManager:
                 slot = self.host.reserve(block.block_hash, block.lease_until, evict=False)
                 if slot is None:
                     break
-                self.offloads.append((block.block_id, slot))
+                self.writebacks.append((block.block_id, slot))
                 self.prefix_stats.offloaded_blocks += 1
                 saved += 1
             self.host.end_step()
-        copies = (self.offloads, self.loads)
-        self.offloads, self.loads = [], []
+        copies = (self.offloads, self.loads, self.writebacks)
+        self.offloads, self.loads, self.writebacks = [], [], []
         return copies
 
     def expire_leases(self) -> None:

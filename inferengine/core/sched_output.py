@@ -42,9 +42,11 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     # CPU tier copies, run before the step in this order: (GPU page, host slot) saves, then
-    # (host slot, GPU page) loads.
+    # (host slot, GPU page) loads; write-backs (GPU page, host slot) of pages free in this step
+    # may overlap it and are done before the next.
     kv_offloads: list[tuple[int, int]] = field(default_factory=list)
     kv_loads: list[tuple[int, int]] = field(default_factory=list)
+    kv_writebacks: list[tuple[int, int]] = field(default_factory=list)
     # Structured output: the sampling requests under a grammar, and their allowed tokens
     # packed 32 per int32 word (row-major, one row per request, in this order).
     grammar_req_ids: list[str] = field(default_factory=list)

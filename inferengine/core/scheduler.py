@@ -254,7 +254,7 @@ class Scheduler:
             for req_id in num_scheduled
             if self.requests[req_id].spec_token_ids
         }
-        offloads, loads = self.kv_cache_manager.end_step()
+        offloads, loads, writebacks = self.kv_cache_manager.end_step()
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached_reqs,
@@ -264,6 +264,7 @@ class Scheduler:
             scheduled_spec_decode_tokens=drafts,
             kv_offloads=offloads,
             kv_loads=loads,
+            kv_writebacks=writebacks,
         )
         self.finished_req_ids = set()
         for req_id, n in num_scheduled.items():

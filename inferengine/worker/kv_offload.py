@@ -1,77 +1,183 @@
 """`HostKVTier`: the bytes of the CPU tier on one rank, and the copies the scheduler lists.
 
-One host tensor per KV cache tensor, with the same page layout (`[2, slots, block, heads,
-dim]`), pinned when the cache is on a GPU. Each step first saves pages into slots (offloads),
-then fills pages from slots (loads), then runs; the scheduler never lists a slot that a load
-reads as the target of an offload of the same step, so this order is always right. On a GPU the
-copies run on their own stream and the step waits for them only where it must. Pages are
-copied as stored: an fp8 cache's as their bytes (torch has no fp8 `index_copy_` on the CPU).
+A slot holds one page of every layer, back to back as bytes (`[slots, slot_bytes]`), so a page
+moves between host and GPU as one contiguous copy whatever the layer count. On a GPU the host
+buffer is pinned where it lies (no rounding up of the size), and the copies run on their own
+stream through a small GPU staging buffer: a chunk of pages is gathered from every layer's cache
+into staging, then copied to its slots (saves), or copied from its slots into staging, then
+scattered into the caches (loads). The host thread only launches; nothing waits on the GPU.
+
+Each step runs its saves of pages the step reuses, then its loads, and the step waits for both
+on the GPU. Write-backs (free pages saved ahead of eviction, which this step does not touch)
+run after them and only the next step waits for them, so they overlap this step's compute. The
+scheduler never lists a slot that a load reads as the target of a save of the same step.
+Pages are copied as stored (an fp8 cache's as its bytes).
 """
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 
-from inferengine.kernels.kv_quant import as_bytes
 from inferengine.logger import init_logger
 
 logger = init_logger(__name__)
 
+STAGING_BYTES = 64 * 2**20  # GPU memory the copies go through, a chunk of pages at a time
+
+Copies = list[tuple[int, int]]
+
+
+def _pinned_empty(num_slots: int, slot_bytes: int) -> torch.Tensor:
+    """Host memory the GPU copies to and from asynchronously. Registered in place: torch's
+    pinned allocator rounds each allocation up to a power of two (24 GiB would take 32)."""
+    host = torch.empty((num_slots, slot_bytes), dtype=torch.uint8)
+    err = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), host.numel(), 0)
+    if int(err) != 0:
+        logger.warning("cudaHostRegister failed (%s); using torch's pinned allocator", err)
+        return torch.empty((num_slots, slot_bytes), dtype=torch.uint8, pin_memory=True)
+    return host
+
+
+def _runs(slots: list[int]) -> list[tuple[int, int, int]]:
+    """(first index, first slot, length) of each run of consecutive slots in `slots`."""
+    runs: list[tuple[int, int, int]] = []
+    for i, slot in enumerate(slots):
+        if runs and runs[-1][1] + runs[-1][2] == slot:
+            j, first, n = runs[-1]
+            runs[-1] = (j, first, n + 1)
+        else:
+            runs.append((i, slot, 1))
+    return runs
+
 
 class HostKVTier:
     def __init__(self, kv_caches: list[torch.Tensor], num_slots: int):
-        device = kv_caches[0].device
-        self.device = device
-        pin = device.type == "cuda"
-        self.host = [
-            torch.empty((t.shape[0], num_slots, *t.shape[2:]), dtype=t.dtype, pin_memory=pin)
-            for t in kv_caches
-        ]
-        self.stream = torch.cuda.Stream(device) if pin else None
-        total = sum(t.numel() * t.element_size() for t in self.host)
-        logger.info("CPU KV tier: %d pages, %.2f GiB of host memory", num_slots, total / 2**30)
+        self.device = kv_caches[0].device
+        self.page_shapes = [t[:, 0].shape for t in kv_caches]  # [2, block, heads, dim]
+        self.dtypes = [t.dtype for t in kv_caches]
+        self.page_bytes = [t[:, 0].numel() * t.element_size() for t in kv_caches]
+        self.offsets = [0, *accumulate(self.page_bytes)][:-1]
+        self.slot_bytes = sum(self.page_bytes)
+        cuda = self.device.type == "cuda"
+        if cuda:
+            self.host = _pinned_empty(num_slots, self.slot_bytes)
+            self.stream: torch.cuda.Stream | None = torch.cuda.Stream(self.device)
+            chunk = max(1, min(num_slots, STAGING_BYTES // self.slot_bytes))
+            self.staging = torch.empty(
+                (chunk, self.slot_bytes), dtype=torch.uint8, device=self.device
+            )
+        else:
+            self.host = torch.empty((num_slots, self.slot_bytes), dtype=torch.uint8)
+            self.stream = None
+            self.staging = self.host  # unused: CPU copies go straight to their slots
+        self._writebacks_done: torch.cuda.Event | None = None
+        logger.info(
+            "CPU KV tier: %d pages, %.2f GiB of host memory",
+            num_slots,
+            num_slots * self.slot_bytes / 2**30,
+        )
+
+    def page(self, layer: int, slot: int) -> torch.Tensor:
+        """Slot `slot`'s page of layer `layer`: `[2, block, heads, dim]` in the cache dtype."""
+        part = self.host[slot, self.offsets[layer] : self.offsets[layer] + self.page_bytes[layer]]
+        return part.view(self.dtypes[layer]).view(self.page_shapes[layer])
 
     def copy(
         self,
         kv_caches: list[torch.Tensor],
-        offloads: list[tuple[int, int]],
-        loads: list[tuple[int, int]],
+        offloads: Copies,
+        loads: Copies,
+        writebacks: Copies | None = None,
     ) -> None:
-        """Save `offloads` (page, slot), then fill `loads` (slot, page); the current stream
-        waits for both before the step that follows reads or overwrites those pages."""
-        if not offloads and not loads:
-            return
+        """Save `offloads` (page, slot), then fill `loads` (slot, page), before this step;
+        save `writebacks` (page, slot) before the next one."""
         if self.stream is None:
-            self._copy(kv_caches, offloads, loads)
+            self._save(kv_caches, [*offloads, *(writebacks or [])])
+            self._load(kv_caches, loads)
             return
         main = torch.cuda.current_stream(self.device)
+        if self._writebacks_done is not None:
+            main.wait_event(self._writebacks_done)
+            self._writebacks_done = None
+        if not (offloads or loads or writebacks):
+            return
         self.stream.wait_stream(main)  # the pages hold what earlier steps wrote
         with torch.cuda.stream(self.stream):
-            self._copy(kv_caches, offloads, loads)
-        main.wait_stream(self.stream)
+            self._save(kv_caches, offloads)
+            self._load(kv_caches, loads)
+            if offloads or loads:
+                main.wait_event(self.stream.record_event())
+            if writebacks:
+                self._save(kv_caches, writebacks)
+                self._writebacks_done = self.stream.record_event()
 
     def write(self, slots: list[int], pages: list[torch.Tensor]) -> None:
-        """Fill `slots` with imported pages (one tensor per KV cache tensor)."""
+        """Fill `slots` with imported pages (one `[2, n, ...]` tensor per KV cache tensor)."""
         if self.stream is not None:
-            torch.cuda.synchronize(self.device)  # no copy of an earlier step still reads them
+            torch.cuda.synchronize(self.device)  # no copy of an earlier step still uses them
         index = torch.tensor(slots)
-        for host, part in zip(self.host, pages, strict=True):
-            assert part.dtype == host.dtype, "pages must come in the cache's dtype"
-            as_bytes(host).index_copy_(1, index, as_bytes(part))
+        for layer, part in enumerate(pages):
+            assert part.dtype == self.dtypes[layer], "pages must come in the cache's dtype"
+            self._host_pages(layer).index_copy_(0, index, _page_major(part))
 
-    def _copy(self, kv_caches, offloads, loads) -> None:
-        dev = self.device
-        if offloads:
-            pages = torch.tensor([p for p, _ in offloads], device=dev)
-            slots = torch.tensor([s for _, s in offloads])
-            for cache, host in zip(kv_caches, self.host, strict=True):
-                as_bytes(host).index_copy_(1, slots, as_bytes(cache).index_select(1, pages).cpu())
-        if loads:
-            slots = torch.tensor([s for s, _ in loads])
-            pages = torch.tensor([p for _, p in loads], device=dev)
-            for cache, host in zip(kv_caches, self.host, strict=True):
-                part = as_bytes(host).index_select(1, slots)
-                as_bytes(cache).index_copy_(1, pages, part.to(dev, non_blocking=part.is_pinned()))
+    # ---- copies, in bytes ------------------------------------------------------------------
+
+    def _host_pages(self, layer: int) -> torch.Tensor:
+        """Every slot's page of `layer` as `[slots, 2, bytes]`."""
+        start = self.offsets[layer]
+        part = self.host[:, start : start + self.page_bytes[layer]]
+        return part.view(part.shape[0], 2, -1)
+
+    def _save(self, kv_caches: list[torch.Tensor], copies: Copies) -> None:
+        if not copies:
+            return
+        if self.stream is None:
+            pages, slots = torch.tensor(copies).T
+            for layer, cache in enumerate(kv_caches):
+                self._host_pages(layer).index_copy_(
+                    0, slots, _page_major(cache).index_select(0, pages)
+                )
+            return
+        copies = sorted(copies, key=lambda c: c[1])
+        for start in range(0, len(copies), len(self.staging)):
+            chunk = copies[start : start + len(self.staging)]
+            pages = torch.tensor([p for p, _ in chunk], device=self.device)
+            stage = self.staging[: len(chunk)]
+            for layer, cache in enumerate(kv_caches):
+                self._staged(stage, layer).copy_(_page_major(cache).index_select(0, pages))
+            for i, slot, n in _runs([s for _, s in chunk]):
+                self.host[slot : slot + n].copy_(stage[i : i + n], non_blocking=True)
+
+    def _load(self, kv_caches: list[torch.Tensor], copies: Copies) -> None:
+        if not copies:
+            return
+        if self.stream is None:
+            slots, pages = torch.tensor(copies).T
+            for layer, cache in enumerate(kv_caches):
+                _page_major(cache).index_copy_(
+                    0, pages, self._host_pages(layer).index_select(0, slots)
+                )
+            return
+        copies = sorted(copies)
+        for start in range(0, len(copies), len(self.staging)):
+            chunk = copies[start : start + len(self.staging)]
+            stage = self.staging[: len(chunk)]
+            for i, slot, n in _runs([s for s, _ in chunk]):
+                stage[i : i + n].copy_(self.host[slot : slot + n], non_blocking=True)
+            pages = torch.tensor([p for _, p in chunk], device=self.device)
+            for layer, cache in enumerate(kv_caches):
+                _page_major(cache).index_copy_(0, pages, self._staged(stage, layer))
+
+    def _staged(self, stage: torch.Tensor, layer: int) -> torch.Tensor:
+        start = self.offsets[layer]
+        return stage[:, start : start + self.page_bytes[layer]].view(len(stage), 2, -1)
+
+
+def _page_major(cache: torch.Tensor) -> torch.Tensor:
+    """A `[2, pages, ...]` cache as `[pages, 2, bytes]` (a view: writes reach the cache)."""
+    return cache.view(torch.uint8).reshape(2, cache.shape[1], -1).transpose(0, 1)
 
 
 def read_pages(
@@ -85,7 +191,7 @@ def read_pages(
     for i, cache in enumerate(kv_caches):
         parts = []
         for where, index in locations:
-            source = cache if where == "gpu" else tier.host[i]  # type: ignore[union-attr]
-            parts.append(source[:, index].to("cpu"))
+            page = cache[:, index] if where == "gpu" else tier.page(i, index)  # type: ignore[union-attr]
+            parts.append(page.to("cpu"))
         out.append(torch.stack(parts, dim=1))
     return out

@@ -251,7 +251,7 @@ class ModelRunner:
         """
         self._update_states(so)
         if self.host_tier is not None:
-            self.host_tier.copy(self.kv_caches, so.kv_offloads, so.kv_loads)
+            self.host_tier.copy(self.kv_caches, so.kv_offloads, so.kv_loads, so.kv_writebacks)
         if so.is_empty:
             return PendingStep(ModelRunnerOutput([], []), [], [], None, self.buffers.token_ids)
         self._resolve_if_history_needed(so)

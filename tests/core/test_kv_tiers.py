@@ -43,7 +43,7 @@ def test_evicted_pages_go_to_the_cpu_tier_and_a_later_hit_loads_them_back():
     # An idle step saves the page next in line for eviction into the one free slot; it never
     # pushes out a's pages, whose only copy is on the host.
     out = sched.schedule()
-    assert out.kv_offloads == [(1, 2)] and out.kv_loads == []
+    assert out.kv_writebacks == [(1, 2)] and out.kv_offloads == out.kv_loads == []
     # a's prefix again: both pages come back from the host into fresh pages, the GPU page
     # they land on first saved (b's third page goes to slot 2, the least recently used).
     sched.add_request(make_request("a2", [*a_prompt, 5, 6], max_tokens=1))
@@ -70,7 +70,7 @@ def test_a_gpu_hit_continues_into_the_cpu_tier():
     sched.add_request(make_request("b", list(range(200, 212)), max_tokens=1))
     out = sched.schedule()
     assert out.scheduled_new_reqs[0].block_ids == [4, 3]
-    assert out.kv_offloads == [(3, 0), (2, 1), (1, 2)]
+    assert out.kv_offloads == [(3, 0)] and out.kv_writebacks == [(2, 1), (1, 2)]
     _run(sched, out)
     sched.add_request(make_request("a2", [*prompt, 7], max_tokens=1))
     out = sched.schedule()

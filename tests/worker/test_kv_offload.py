@@ -8,6 +8,7 @@ import torch
 
 from inferengine import LLM, SamplingParams
 from inferengine.errors import ConfigError
+from inferengine.worker import kv_offload
 from inferengine.worker.kv_offload import HostKVTier
 from tests.conftest import hf_greedy, hf_model
 
@@ -65,19 +66,78 @@ def test_without_the_tier_the_same_turn_is_recomputed(tiny_checkpoint):
     assert out.num_cached_tokens == 0
 
 
-def test_host_tier_copies_exact_pages():
+def _devices():
+    needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+    return ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_cuda])]
+
+
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
+def test_host_tier_copies_exact_pages(monkeypatch, device, dtype):
+    # Two pages of staging on the GPU, so saves and loads of three pages run in chunks.
+    monkeypatch.setattr(kv_offload, "STAGING_BYTES", 2 * 3 * (2 * 4 * 2 * 8) * dtype.itemsize)
     g = torch.Generator().manual_seed(0)
-    caches = [torch.randn(2, 6, 4, 2, 8, generator=g) for _ in range(3)]
-    tier = HostKVTier(caches, num_slots=4)
+    caches = [
+        torch.randn(2, 6, 4, 2, 8, generator=g).to(device=device, dtype=dtype) for _ in range(3)
+    ]
+    tier = HostKVTier(caches, num_slots=5)
     before = [c.clone() for c in caches]
-    tier.copy(caches, offloads=[(5, 0), (2, 3)], loads=[])
-    for c, h in zip(before, tier.host, strict=True):
-        assert torch.equal(h[:, 0], c[:, 5]) and torch.equal(h[:, 3], c[:, 2])
-    # Offloads run before loads: page 5 is saved to slot 1, then overwritten from slot 0.
-    tier.copy(caches, offloads=[(5, 1)], loads=[(3, 5), (0, 1)])
-    for c, b, h in zip(caches, before, tier.host, strict=True):
-        assert torch.equal(h[:, 1], b[:, 5])
-        assert torch.equal(c[:, 5], b[:, 2]) and torch.equal(c[:, 1], b[:, 5])
+
+    def host_page(layer, slot):
+        torch.cuda.synchronize() if device == "cuda" else None
+        return tier.page(layer, slot).to(device)
+
+    tier.copy(caches, offloads=[(5, 0), (2, 3), (4, 1)], loads=[])
+    for i, c in enumerate(before):
+        for page, slot in [(5, 0), (2, 3), (4, 1)]:
+            assert torch.equal(host_page(i, slot).view(torch.uint8), c[:, page].view(torch.uint8))
+    # Offloads run before loads: page 5 is saved to slot 2, then overwritten from slot 0;
+    # the write-back of page 3 saves what the page held before this step.
+    tier.copy(caches, offloads=[(5, 2)], loads=[(3, 5), (0, 1), (1, 0)], writebacks=[(3, 4)])
+    for i, (c, b) in enumerate(zip(caches, before, strict=True)):
+        assert torch.equal(host_page(i, 2).view(torch.uint8), b[:, 5].view(torch.uint8))
+        assert torch.equal(host_page(i, 4).view(torch.uint8), b[:, 3].view(torch.uint8))
+        for page, source in [(5, 2), (1, 5), (0, 4)]:
+            assert torch.equal(c[:, page].view(torch.uint8), b[:, source].view(torch.uint8))
+        assert torch.equal(c[:, 3].view(torch.uint8), b[:, 3].view(torch.uint8))
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_concurrent_conversations_through_a_small_pool_keep_tokens(tiny_checkpoint, device):
+    """Eight conversations at once through 20 pages: steps save, write back and load pages
+    while other requests decode (on CUDA: async scheduling, graphs, the side stream), and
+    every turn's greedy tokens equal an engine's without the tier."""
+    path = str(tiny_checkpoint("qwen3"))
+    g = torch.Generator().manual_seed(9)
+    firsts = [torch.randint(2, 320, (40 + 9 * i,), generator=g).tolist() for i in range(8)]
+
+    def run(offload: float | None):
+        extra = dict(dtype="bfloat16", gpu_memory_utilization=0.3) if device == "cuda" else {}
+        llm = LLM(path, device=device, max_model_len=176, num_gpu_blocks_override=20,
+                  enable_prefix_caching=True, kv_offloading_size=offload, **extra)  # fmt: skip
+        greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+        prompts, answers = [list(f) for f in firsts], []
+        try:
+            for turn in range(3):
+                outs = llm.generate(
+                    [{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False
+                )
+                answers.append([list(o.outputs[0].token_ids) for o in outs])
+                tool = list(range(200 + turn, 216 + turn))
+                prompts = [[*p, *a, *tool] for p, a in zip(prompts, answers[-1], strict=True)]
+            return answers, llm.llm_engine.core.scheduler.make_stats().kv_tiers
+        finally:
+            llm.llm_engine.core.shutdown()
+
+    with_tier, tiers = run(0.004)
+    without, _ = run(None)
+    assert with_tier == without
+    assert tiers.loaded_blocks > 0 and tiers.offloaded_blocks > 0 and tiers.cpu_hit_tokens > 0
+
+
+def test_runs_of_consecutive_slots():
+    assert kv_offload._runs([3, 4, 5, 9, 10, 2]) == [(0, 3, 3), (3, 9, 2), (5, 2, 1)]
+    assert kv_offload._runs([]) == []
 
 
 def test_an_offload_size_beyond_host_memory_is_refused(tiny_checkpoint):
