@@ -17,12 +17,14 @@
 #
 # Both servers get the same KV pool: --num-gpu-blocks-override 4096 pages of 16 tokens =
 # 65,536 tokens x 57,344 B (28 layers x 4 KV heads x 128 x 2 (K, V) x 2 B) = 3.5 GiB. The
-# workload: 48 sessions, at most 32 at once, started 0.25 s apart on average; a 2,048-token
-# prefix (512 shared by all, a system prompt); 8 turns, each adding a 128-token reply and a tool
-# output of 200-400 tokens after an exponential think time of mean 3 s. A session ends at about
-# 5,200 tokens: 32 active sessions need ~166k tokens (9.5 GB, 2.5x the pool), all 48 ~250k
-# (14 GB), which a 24 GiB CPU tier holds. The longest prompt is 5,744 tokens (+128 out), within
-# --max-model-len 8192. A run takes about 90 s per system.
+# workload, an agent's shape at a tenth of the traces' length (vLLM's agent traces: median 142k
+# input tokens): 48 sessions, at most 24 at once, started 0.5 s apart on average; a 6,144-token
+# prefix (2,048 shared by all: the system prompt and tool schemas; the rest the task's own);
+# 8 turns, each adding a 128-token reply and a tool output of 200-400 tokens after an
+# exponential think time of mean 3 s. A session ends at about 9,600 tokens: 24 active sessions
+# hold ~190k tokens (2.9x the pool), all 48 ~363k distinct tokens (19.4 GiB), which a 24 GiB
+# CPU tier holds. The longest prompt is 10,240 tokens (+128 out), within --max-model-len 12288.
+# A run takes about two minutes per system.
 # Target (gates): median TTFT of turns >= 2 at most 1/3 of vLLM's, output throughput >= vLLM's.
 set -u
 [ $# -gt 0 ] || { echo "usage: gpu_agent.sh ROUND:pair|ROUND:offload|ROUND:ours|smoke ..." >&2; exit 2; }
@@ -31,15 +33,15 @@ S=$(date -u +%Y%m%dT%H%M%SZ)
 OUT=${OUT:-/tmp/agent-out}
 mkdir -p /tmp/pr "$OUT"
 ie() { python3 -m inferengine.entrypoints.cli.main "$@"; }
-pool="--num-gpu-blocks-override 4096 --gpu-memory-utilization 0.82 --max-model-len 8192"
+pool="--num-gpu-blocks-override 4096 --gpu-memory-utilization 0.82 --max-model-len 12288"
 cpu_gib=24
 sys_ie="inferengine=preset:inferengine --load-format dummy $pool --kv-offloading-size $cpu_gib --disable-log-requests"
 vl="preset:vllm --load-format dummy --dtype bfloat16 $pool --enable-prefix-caching --enable-prompt-tokens-details"
 sys_vl="vllm=$vl"
 sys_vo="vllm-offload=$vl --kv-offloading-size $cpu_gib"
-workload=(--sessions 48 --turns 8 --prefix-len 2048 --shared-prefix-len 512 --tool-len 200:400
-          --output-len 128 --think-time 3 --think-distribution exponential --session-gap 0.25
-          --max-active-sessions 32 --num-warmups 8 --prompt-cache-retention 1h)
+workload=(--sessions 48 --turns 8 --prefix-len 6144 --shared-prefix-len 2048 --tool-len 200:400
+          --output-len 128 --think-time 3 --think-distribution exponential --session-gap 0.5
+          --max-active-sessions 24 --num-warmups 8 --prompt-cache-retention 1h)
 gates=(--gate 'later_median_ttft_ms<=0.3334' --gate 'output_throughput>=1.0')
 run_set() {  # round, name, agent args...
   local round=$1 short=$2 name=$S-$2-r$1; shift 2

@@ -16,10 +16,15 @@ Pages are copied as stored (an fp8 cache's as its bytes).
 
 from __future__ import annotations
 
+import mmap
+import weakref
+from collections.abc import Callable
+from functools import partial
 from itertools import accumulate
 
 import torch
 
+from inferengine.errors import ConfigError
 from inferengine.logger import init_logger
 
 logger = init_logger(__name__)
@@ -29,15 +34,26 @@ STAGING_BYTES = 64 * 2**20  # GPU memory the copies go through, a chunk of pages
 Copies = list[tuple[int, int]]
 
 
-def _pinned_empty(num_slots: int, slot_bytes: int) -> torch.Tensor:
-    """Host memory the GPU copies to and from asynchronously. Registered in place: torch's
-    pinned allocator rounds each allocation up to a power of two (24 GiB would take 32)."""
-    host = torch.empty((num_slots, slot_bytes), dtype=torch.uint8)
-    err = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), host.numel(), 0)
-    if int(err) != 0:
-        logger.warning("cudaHostRegister failed (%s); using torch's pinned allocator", err)
-        return torch.empty((num_slots, slot_bytes), dtype=torch.uint8, pin_memory=True)
-    return host
+def _pinned_empty(num_slots: int, slot_bytes: int) -> tuple[torch.Tensor, Callable[[], None]]:
+    """Host memory the GPU copies to and from asynchronously, and the call that unpins it.
+
+    Fresh pages of its own (an anonymous mapping), registered with CUDA in place: torch's
+    pinned allocator rounds each allocation up to a power of two (24 GiB would lock 32). The
+    pages must be unregistered before they are unmapped; otherwise memory that malloc later
+    hands to ordinary tensors would still count as pinned, and copies torch makes from it with
+    `non_blocking=True` would run after the tensor is gone.
+    """
+    size = num_slots * slot_bytes
+    mapping = mmap.mmap(-1, size)
+    host = torch.frombuffer(mapping, dtype=torch.uint8).view(num_slots, slot_bytes)
+    cudart = torch.cuda.cudart()
+    err = int(cudart.cudaHostRegister(host.data_ptr(), size, 0))
+    if err != 0:
+        raise ConfigError(
+            f"could not pin {size / 2**30:.2f} GiB of host memory for the CPU KV tier (CUDA "
+            f"error {err}); lower --kv-offloading-size."
+        )
+    return host, partial(cudart.cudaHostUnregister, host.data_ptr())
 
 
 def _runs(slots: list[int]) -> list[tuple[int, int, int]]:
@@ -62,7 +78,8 @@ class HostKVTier:
         self.slot_bytes = sum(self.page_bytes)
         cuda = self.device.type == "cuda"
         if cuda:
-            self.host = _pinned_empty(num_slots, self.slot_bytes)
+            self.host, unpin = _pinned_empty(num_slots, self.slot_bytes)
+            weakref.finalize(self, unpin)
             self.stream: torch.cuda.Stream | None = torch.cuda.Stream(self.device)
             chunk = max(1, min(num_slots, STAGING_BYTES // self.slot_bytes))
             self.staging = torch.empty(
@@ -94,8 +111,8 @@ class HostKVTier:
         """Save `offloads` (page, slot), then fill `loads` (slot, page), before this step;
         save `writebacks` (page, slot) before the next one."""
         if self.stream is None:
-            self._save(kv_caches, [*offloads, *(writebacks or [])])
-            self._load(kv_caches, loads)
+            self._save_here(kv_caches, [*offloads, *(writebacks or [])])
+            self._load_here(kv_caches, loads)
             return
         main = torch.cuda.current_stream(self.device)
         if self._writebacks_done is not None:
@@ -104,13 +121,18 @@ class HostKVTier:
         if not (offloads or loads or writebacks):
             return
         self.stream.wait_stream(main)  # the pages hold what earlier steps wrote
+        offloads = sorted(offloads, key=lambda c: c[1])
+        loads = sorted(loads)
+        writebacks = sorted(writebacks or [], key=lambda c: c[1])
         with torch.cuda.stream(self.stream):
-            self._save(kv_caches, offloads)
-            self._load(kv_caches, loads)
+            pages = self._page_ids([p for p, _ in offloads], [p for _, p in loads],
+                                   [p for p, _ in writebacks])  # fmt: skip
+            self._save(kv_caches, offloads, pages[0])
+            self._load(kv_caches, loads, pages[1])
             if offloads or loads:
                 main.wait_event(self.stream.record_event())
             if writebacks:
-                self._save(kv_caches, writebacks)
+                self._save(kv_caches, writebacks, pages[2])
                 self._writebacks_done = self.stream.record_event()
 
     def write(self, slots: list[int], pages: list[torch.Tensor]) -> None:
@@ -130,45 +152,49 @@ class HostKVTier:
         part = self.host[:, start : start + self.page_bytes[layer]]
         return part.view(part.shape[0], 2, -1)
 
-    def _save(self, kv_caches: list[torch.Tensor], copies: Copies) -> None:
-        if not copies:
-            return
-        if self.stream is None:
-            pages, slots = torch.tensor(copies).T
+    def _page_ids(self, *groups: list[int]) -> list[torch.Tensor]:
+        """The GPU page ids of each group, on the device through one asynchronous copy (a
+        tensor built straight on the device would make the host wait for the stream)."""
+        ids = torch.tensor([p for group in groups for p in group], dtype=torch.int64)
+        ids = ids.pin_memory().to(self.device, non_blocking=True)
+        return list(ids.split([len(group) for group in groups]))
+
+    def _save(self, kv_caches: list[torch.Tensor], copies: Copies, pages: torch.Tensor) -> None:
+        """Pages to slots through staging, a chunk at a time (`copies` sorted by slot)."""
+        chunk = len(self.staging)
+        for start in range(0, len(copies), chunk):
+            stage = self.staging[: len(copies[start : start + chunk])]
+            ids = pages[start : start + chunk]
             for layer, cache in enumerate(kv_caches):
-                self._host_pages(layer).index_copy_(
-                    0, slots, _page_major(cache).index_select(0, pages)
-                )
-            return
-        copies = sorted(copies, key=lambda c: c[1])
-        for start in range(0, len(copies), len(self.staging)):
-            chunk = copies[start : start + len(self.staging)]
-            pages = torch.tensor([p for p, _ in chunk], device=self.device)
-            stage = self.staging[: len(chunk)]
-            for layer, cache in enumerate(kv_caches):
-                self._staged(stage, layer).copy_(_page_major(cache).index_select(0, pages))
-            for i, slot, n in _runs([s for _, s in chunk]):
+                self._staged(stage, layer).copy_(_page_major(cache).index_select(0, ids))
+            for i, slot, n in _runs([s for _, s in copies[start : start + chunk]]):
                 self.host[slot : slot + n].copy_(stage[i : i + n], non_blocking=True)
 
-    def _load(self, kv_caches: list[torch.Tensor], copies: Copies) -> None:
-        if not copies:
-            return
-        if self.stream is None:
+    def _load(self, kv_caches: list[torch.Tensor], copies: Copies, pages: torch.Tensor) -> None:
+        """Slots to pages through staging, a chunk at a time (`copies` sorted by slot)."""
+        chunk = len(self.staging)
+        for start in range(0, len(copies), chunk):
+            stage = self.staging[: len(copies[start : start + chunk])]
+            for i, slot, n in _runs([s for s, _ in copies[start : start + chunk]]):
+                stage[i : i + n].copy_(self.host[slot : slot + n], non_blocking=True)
+            ids = pages[start : start + chunk]
+            for layer, cache in enumerate(kv_caches):
+                _page_major(cache).index_copy_(0, ids, self._staged(stage, layer))
+
+    def _save_here(self, kv_caches: list[torch.Tensor], copies: Copies) -> None:
+        """Pages to slots when the cache is in host memory too."""
+        if copies:
+            pages, slots = torch.tensor(copies).T
+            for layer, cache in enumerate(kv_caches):
+                page_major = _page_major(cache).index_select(0, pages)
+                self._host_pages(layer).index_copy_(0, slots, page_major)
+
+    def _load_here(self, kv_caches: list[torch.Tensor], copies: Copies) -> None:
+        if copies:
             slots, pages = torch.tensor(copies).T
             for layer, cache in enumerate(kv_caches):
-                _page_major(cache).index_copy_(
-                    0, pages, self._host_pages(layer).index_select(0, slots)
-                )
-            return
-        copies = sorted(copies)
-        for start in range(0, len(copies), len(self.staging)):
-            chunk = copies[start : start + len(self.staging)]
-            stage = self.staging[: len(chunk)]
-            for i, slot, n in _runs([s for s, _ in chunk]):
-                stage[i : i + n].copy_(self.host[slot : slot + n], non_blocking=True)
-            pages = torch.tensor([p for _, p in chunk], device=self.device)
-            for layer, cache in enumerate(kv_caches):
-                _page_major(cache).index_copy_(0, pages, self._staged(stage, layer))
+                page_major = self._host_pages(layer).index_select(0, slots)
+                _page_major(cache).index_copy_(0, pages, page_major)
 
     def _staged(self, stage: torch.Tensor, layer: int) -> torch.Tensor:
         start = self.offsets[layer]
