@@ -22,8 +22,10 @@ from inferengine.core.request import Request
 
 Copies = list[tuple[int, int]]
 
-WRITEBACK_WINDOW = 64  # free pages next in line for eviction looked at each step
-WRITEBACK_PER_STEP = 32  # of which at most this many are copied to the CPU tier ahead of time
+# An agent's later turn can load ~500 pages at once, taking as many from the front of the free
+# list: write-backs keep that much of it saved, so the load step rarely saves pages first.
+WRITEBACK_WINDOW = 512  # free pages next in line for eviction looked at each step
+WRITEBACK_PER_STEP = 128  # of which at most this many are copied to the CPU tier ahead of time
 
 
 @dataclass
