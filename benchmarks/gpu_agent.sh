@@ -7,6 +7,8 @@
 #   K:offload   round K: inferengine against vLLM with its native CPU offload
 #               (--kv-offloading-size, the OffloadingConnector), the same CPU budget
 #   K:ours      round K's sessions against inferengine alone (a check before paired rounds)
+#   K:short     round K of the pair on shorter sessions (below), where most of vLLM's later
+#               turns still hit its GPU cache
 #   smoke       the script's path on the CPU (no GPU, no vLLM): our server on smollm2-135m with
 #               dummy weights, a 512-token pool and a small CPU tier, 4 sessions x 3 turns
 # Round K rotates the launch order (K even: inferengine first) and uses sessions of seed K. Run
@@ -27,7 +29,7 @@
 # A run takes about two minutes per system.
 # Target (gates): median TTFT of turns >= 2 at most 1/3 of vLLM's, output throughput >= vLLM's.
 set -u
-[ $# -gt 0 ] || { echo "usage: gpu_agent.sh ROUND:pair|ROUND:offload|ROUND:ours|smoke ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: gpu_agent.sh ROUND:pair|ROUND:short|ROUND:offload|ROUND:ours|smoke ..." >&2; exit 2; }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 S=$(date -u +%Y%m%dT%H%M%SZ)
 OUT=${OUT:-/tmp/agent-out}
@@ -42,15 +44,21 @@ sys_vo="vllm-offload=$vl --kv-offloading-size $cpu_gib"
 workload=(--sessions 48 --turns 8 --prefix-len 6144 --shared-prefix-len 2048 --tool-len 200:400
           --output-len 128 --think-time 3 --think-distribution exponential --session-gap 0.5
           --max-active-sessions 24 --num-warmups 8 --prompt-cache-retention 1h)
+# The shorter sessions: 2,048-token prefixes (512 shared) ending at ~5,200 tokens, 32 at once
+# started 0.25 s apart (~166k tokens active, 2.5x the pool).
+short=(--sessions 48 --turns 8 --prefix-len 2048 --shared-prefix-len 512 --tool-len 200:400
+       --output-len 128 --think-time 3 --think-distribution exponential --session-gap 0.25
+       --max-active-sessions 32 --num-warmups 8 --prompt-cache-retention 1h)
 gates=(--gate 'later_median_ttft_ms<=0.3334' --gate 'output_throughput>=1.0')
-run_set() {  # round, name, agent args...
-  local round=$1 short=$2 name=$S-$2-r$1; shift 2
-  ie bench agent --model-dir configs/qwen2.5-7b --served-model-name qwen2.5-7b "${workload[@]}" \
-    --repeats 1 --start-repeat "$round" --revision "${GIT_REV:-unknown}" --name "$short" \
+run_set() {  # round, name, agent args... (the sessions: "${load[@]}")
+  local round=$1 label=$2 name=$S-$2-r$1; shift 2
+  ie bench agent --model-dir configs/qwen2.5-7b --served-model-name qwen2.5-7b "${load[@]}" \
+    --repeats 1 --start-repeat "$round" --revision "${GIT_REV:-unknown}" --name "$label" \
     --out-dir "/tmp/pr/$name" "$@" 2>&1 | tail -40
   tar czf "$OUT/$name.tgz" -C /tmp/pr "$name"
 }
 for item in "$@"; do
+  load=("${workload[@]}")
   case $item in
     smoke)
       export PYTHONPATH=$PWD
@@ -66,9 +74,13 @@ for item in "$@"; do
       run_set "${item%%:*}" agent "${gates[@]}" --system "$sys_ie" --system "$sys_vl";;
     *:ours)
       run_set "${item%%:*}" agent-ours --system "$sys_ie";;
+    *:short)
+      . benchmarks/gpu_peer_site.sh
+      load=("${short[@]}")
+      run_set "${item%%:*}" agent-short "${gates[@]}" --system "$sys_ie" --system "$sys_vl";;
     *:offload)
       . benchmarks/gpu_peer_site.sh
       run_set "${item%%:*}" agent-offload "${gates[@]}" --system "$sys_ie" --system "$sys_vo";;
-    *) echo "unknown item $item: ROUND:pair, ROUND:offload, ROUND:ours or smoke" >&2; exit 2;;
+    *) echo "unknown item $item: ROUND:pair, ROUND:short, ROUND:offload, ROUND:ours or smoke" >&2; exit 2;;
   esac
 done
