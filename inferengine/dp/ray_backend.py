@@ -10,6 +10,7 @@ a replica whose process dies.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 import threading
@@ -80,8 +81,9 @@ def init_ray(address: str | None, num_cpus: int) -> Any:
     return ray
 
 
-def replica_options(config: EngineConfig) -> dict[str, Any]:
-    """Ray actor options of one replica: its devices, restarts and environment."""
+def replica_options(config: EngineConfig, num_gpus: float | None = None) -> dict[str, Any]:
+    """Ray actor options of one replica: its devices (`num_gpus`, from `gpus_per_replica`;
+    default one per rank), restarts and environment."""
     world_size = config.parallel_config.world_size
     options: dict[str, Any] = {
         "max_restarts": MAX_RESTARTS,
@@ -89,25 +91,41 @@ def replica_options(config: EngineConfig) -> dict[str, Any]:
         "num_cpus": 1,
     }
     if config.device == "cuda":
-        options["num_gpus"] = world_size
+        options["num_gpus"] = world_size if num_gpus is None else num_gpus
     if config.parallel_config.ray_address:  # another node does not share this environment
         options["runtime_env"] = {"env_vars": envs.replica_env()}
     return options
 
 
-def check_resources(ray: Any, config: EngineConfig) -> None:
-    """Refuse at once a cluster that cannot hold every replica (Ray would wait forever)."""
+def gpus_per_replica(ray: Any, config: EngineConfig) -> float | None:
+    """The GPUs each replica asks Ray for (None on the CPU): one per rank, or, when the cluster
+    has fewer GPUs than replicas and each replica is one rank, an equal share of one GPU. Shared
+    GPUs need each replica's KV cache sized explicitly (--kv-cache-memory or
+    --num-gpu-blocks-override): memory profiling would count the other replicas' memory as its
+    own. A cluster that cannot hold every replica is refused at once (Ray would wait forever)."""
     if config.device != "cuda":
-        return
-    pc = config.parallel_config
+        return None
+    pc, cc = config.parallel_config, config.cache_config
     need = pc.data_parallel_size * pc.world_size
     have = int(ray.cluster_resources().get("GPU", 0))
-    if need > have:
-        raise ConfigError(
-            f"--data-parallel-size {pc.data_parallel_size} replicas of {pc.world_size} GPU(s) "
-            f"need {need} GPUs; the Ray cluster has {have}. Lower the sizes, or join a larger "
-            "cluster with --ray-address."
-        )
+    if need <= have:
+        return float(pc.world_size)
+    sized = cc.kv_cache_memory is not None or cc.num_gpu_blocks_override is not None
+    if pc.world_size == 1 and have >= 1 and sized:
+        per_gpu = math.ceil(pc.data_parallel_size / have)
+        logger.info("%d replicas share each of the %d GPU(s)", per_gpu, have)
+        return 1.0 / per_gpu
+    share = (
+        " Replicas of one rank can share a GPU when each one's KV cache is sized with "
+        "--kv-cache-memory or --num-gpu-blocks-override."
+        if pc.world_size == 1 and have >= 1
+        else ""
+    )
+    raise ConfigError(
+        f"--data-parallel-size {pc.data_parallel_size} replicas of {pc.world_size} GPU(s) "
+        f"need {need} GPUs; the Ray cluster has {have}. Lower the sizes, or join a larger "
+        f"cluster with --ray-address.{share}"
+    )
 
 
 class ReplicaStartError(Exception):
@@ -122,10 +140,18 @@ def _last_line(text: str) -> str:
 class RayReplicaHandle:
     """A `ReplicaHandle` over one `EngineReplica` actor."""
 
-    def __init__(self, ray: Any, actor_cls: Any, config: EngineConfig, replica_id: int):
+    def __init__(
+        self,
+        ray: Any,
+        actor_cls: Any,
+        config: EngineConfig,
+        replica_id: int,
+        num_gpus: float | None = None,
+    ):
         self.ray = ray
         self.replica_id = replica_id
-        self.actor = actor_cls.options(**replica_options(config)).remote(config, replica_id)
+        options = replica_options(config, num_gpus)
+        self.actor = actor_cls.options(**options).remote(config, replica_id)
 
     async def ready(self, timeout: float) -> dict[str, Any]:
         """The replica's info once it serves; `ReplicaUnavailable` while Ray restarts it."""
@@ -174,11 +200,13 @@ def start_replicas(config: EngineConfig) -> list[RayReplicaHandle]:
 
     pc = config.parallel_config
     ray = init_ray(pc.ray_address, num_cpus=pc.data_parallel_size)
-    check_resources(ray, config)
+    num_gpus = gpus_per_replica(ray, config)
     actor_cls = ray.remote(EngineReplica)
     logger.info(
-        "starting %d engine replicas (%d device(s) each) on Ray",
+        "starting %d engine replicas (%d rank(s) each) on Ray",
         pc.data_parallel_size,
         pc.world_size,
     )
-    return [RayReplicaHandle(ray, actor_cls, config, i) for i in range(pc.data_parallel_size)]
+    return [
+        RayReplicaHandle(ray, actor_cls, config, i, num_gpus) for i in range(pc.data_parallel_size)
+    ]

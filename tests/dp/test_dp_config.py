@@ -48,9 +48,12 @@ def test_a_missing_ray_says_how_to_install_it(monkeypatch, tiny_checkpoint, caps
     assert "inferengine[ray]" in capsys.readouterr().err
 
 
-def _config(device: str, dp: int = 2, tp: int = 1, address: str | None = None):
+def _config(
+    device: str, dp: int = 2, tp: int = 1, address: str | None = None, kv: int | None = None
+):
     parallel = SimpleNamespace(data_parallel_size=dp, world_size=tp, ray_address=address)
-    return SimpleNamespace(device=device, parallel_config=parallel)
+    cache = SimpleNamespace(kv_cache_memory=kv, num_gpu_blocks_override=None)
+    return SimpleNamespace(device=device, parallel_config=parallel, cache_config=cache)
 
 
 def test_replica_options_ask_for_each_replica_s_devices(monkeypatch):
@@ -66,13 +69,29 @@ def test_replica_options_ask_for_each_replica_s_devices(monkeypatch):
 
 
 def test_a_cluster_without_enough_gpus_is_refused_at_once():
-    from inferengine.dp.ray_backend import check_resources
+    from inferengine.dp.ray_backend import gpus_per_replica
 
     ray = SimpleNamespace(cluster_resources=lambda: {"GPU": 3.0, "CPU": 64.0})
-    check_resources(ray, _config("cuda", dp=3))
+    assert gpus_per_replica(ray, _config("cuda", dp=3)) == 1.0
     with pytest.raises(ConfigError, match="need 4 GPUs; the Ray cluster has 3"):
-        check_resources(ray, _config("cuda", dp=2, tp=2))
-    check_resources(ray, _config("cpu", dp=8))
+        gpus_per_replica(ray, _config("cuda", dp=2, tp=2))
+    assert gpus_per_replica(ray, _config("cpu", dp=8)) is None
+
+
+def test_replicas_share_a_gpu_only_with_their_kv_cache_sized():
+    from inferengine.dp.ray_backend import gpus_per_replica, replica_options
+
+    one = SimpleNamespace(cluster_resources=lambda: {"GPU": 1.0, "CPU": 16.0})
+    with pytest.raises(ConfigError, match="share a GPU when each one's KV cache is sized"):
+        gpus_per_replica(one, _config("cuda", dp=2))
+    assert gpus_per_replica(one, _config("cuda", dp=2, kv=8 << 30)) == 0.5
+    three = SimpleNamespace(cluster_resources=lambda: {"GPU": 2.0, "CPU": 16.0})
+    assert gpus_per_replica(three, _config("cuda", dp=3, kv=8 << 30)) == 0.5
+    # A replica of several ranks needs whole GPUs.
+    with pytest.raises(ConfigError, match="need 4 GPUs; the Ray cluster has 1") as refused:
+        gpus_per_replica(one, _config("cuda", dp=2, tp=2, kv=8 << 30))
+    assert "share" not in str(refused.value)
+    assert replica_options(_config("cuda"), 0.5)["num_gpus"] == 0.5
 
 
 def test_a_replica_that_cannot_start_is_reported_by_its_error_line():
