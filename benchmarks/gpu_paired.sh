@@ -6,8 +6,10 @@
 # --max-model-len 2048, K:json round K of the JSON-schema workloads and their plain twins (vLLM
 # with its default structured-output backend, xgrammar, for these schemas) at 2048,
 # K:json16 only the concurrency-16 pair of those (half the time),
-# K:long round K of long-prompt against servers at 8192 (split the items
-# over calls so that each stays within the device's 10 minutes); `vllm bench serve` judges.
+# K:long round K of long-prompt against servers at 8192, K:moe round K of W1 and concurrency
+# 64 on the Qwen3-30B-A3B shape (61 GB of bf16 weights, so both servers at 0.92 of the GPU;
+# split the items over calls so that each stays within the device's 10 minutes); `vllm bench
+# serve` judges.
 # Each folder comes back as a tarball; benchmarks/readme_performance.py reads the rounds
 # together.
 # Before it, put vLLM's first part on the host: ../shared/peers/vllm-prepare.sh leaves .peer1
@@ -18,21 +20,34 @@
 #   carry .peerA: mkdir -p /tmp/vllm-parts && cp .peerA/p /tmp/vllm-parts/part.00.a
 #   carry .peerB: cat /tmp/vllm-parts/part.00.a .peerB/p > /tmp/vllm-parts/part.00
 # then carry .peer2 in every call that runs this script.
+# K:moe needs the MoE extension the stripped vLLM lacks: `bash benchmarks/gpu_paired.sh
+# prepare-moe` here leaves it in .peerM (40 MB, in .git/info/exclude); send it in a third call,
+#   carry .peerM: mkdir -p /tmp/vllm-parts && cp .peerM/moe.so.xz /tmp/vllm-parts/
+# and gpu_peer_site.sh puts it back in vLLM's site.
 set -u
-[ $# -gt 0 ] || { echo "usage: gpu_paired.sh ROUND:short|ROUND:long ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: gpu_paired.sh ROUND:short|ROUND:json|ROUND:long|ROUND:moe ... | prepare-moe" >&2; exit 2; }
+if [ "$1" = prepare-moe ]; then  # here, not on the host: vLLM's MoE extension from its wheel
+  set -e; w=$(mktemp -d); mkdir -p .peerM
+  grep -qx "/.peerM/" .git/info/exclude || echo "/.peerM/" >> .git/info/exclude
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 -d "$w" vllm==0.26.0
+  python3 -c "import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read('vllm/_moe_C_stable_libtorch.abi3.so'))" \
+    "$w"/vllm-0.26.0-*.whl | xz -T0 -9e > .peerM/moe.so.xz
+  rm -rf "$w"; ls -la .peerM; exit 0
+fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 . benchmarks/gpu_peer_site.sh
 S=$(date -u +%Y%m%dT%H%M%SZ)
 ie() { python3 -m inferengine.entrypoints.cli.main "$@"; }
-sys_ie="inferengine=preset:inferengine --load-format dummy --gpu-memory-utilization 0.82 --disable-log-requests"
-sys_vl="vllm=preset:vllm --load-format dummy --dtype bfloat16 --gpu-memory-utilization 0.82"
-common=(--model-dir configs/qwen2.5-7b --served-model-name qwen2.5-7b --disable-tqdm
-        --repeats 1 --judge vllm --revision "${GIT_REV:-unknown}")
-run_set() {  # round, name, max-model-len, paired args...
-  local round=$1 name=$2 len=$3; shift 3
+run_set() {  # round, name, max-model-len, paired args... (MODEL and UTIL from the caller)
+  local round=$1 name=$2 len=$3 model=${MODEL:-qwen2.5-7b} util=${UTIL:-0.82}; shift 3
   local d=/tmp/pr/$S-$name-r$round
-  ie bench paired --system "$sys_ie --max-model-len $len" --system "$sys_vl --max-model-len $len" \
-    "${common[@]}" --start-repeat "$round" --name "$name" --out-dir "$d" "$@" 2>&1 | tail -60
+  local ie_sys="inferengine=preset:inferengine --load-format dummy --gpu-memory-utilization $util --disable-log-requests"
+  local vl_sys="vllm=preset:vllm --load-format dummy --dtype bfloat16 --gpu-memory-utilization $util"
+  ie bench paired --system "$ie_sys --max-model-len $len" --system "$vl_sys --max-model-len $len" \
+    --model-dir "configs/$model" --served-model-name "$model" --disable-tqdm --repeats 1 \
+    --judge vllm --revision "${GIT_REV:-unknown}" \
+    --start-repeat "$round" --name "$name" --out-dir "$d" "$@" 2>&1 | tail -60
   tar czf "$OUT/$S-$name-r$round.tgz" -C /tmp/pr "$S-$name-r$round"
 }
 for item in "$@"; do
@@ -48,6 +63,7 @@ for item in "$@"; do
     json16) run_set "${item%%:*}" json-paired 2048 --workload json-c16-plain --workload json-c16 \
       --gate 'json-c16:output_throughput>=1.0';;
     long) run_set "${item%%:*}" long-prompt-paired 8192 --workload long-prompt;;
-    *) echo "unknown item $item: write ROUND:short, ROUND:json or ROUND:long" >&2; exit 2;;
+    moe) MODEL=qwen3-30b-a3b UTIL=0.92 run_set "${item%%:*}" moe-paired 2048 --workload w1 --workload c64;;
+    *) echo "unknown item $item: write ROUND:short, ROUND:json, ROUND:long or ROUND:moe" >&2; exit 2;;
   esac
 done

@@ -6,6 +6,10 @@ if [ ! -d /tmp/vllm-site/vllm ]; then
   cat /tmp/vllm-parts/part.00 .peer2/part.0* | xz -dc | tar x -C /tmp/vllm-site || exit 1
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/vllm-site .peer2/w/*.whl || exit 1
 fi
+# The MoE extension the stripped wheel drops, where gpu_paired.sh's third staging call left it.
+if [ -f /tmp/vllm-parts/moe.so.xz ] && [ ! -f /tmp/vllm-site/vllm/_moe_C_stable_libtorch.abi3.so ]; then
+  xz -dc /tmp/vllm-parts/moe.so.xz > /tmp/vllm-site/vllm/_moe_C_stable_libtorch.abi3.so || exit 1
+fi
 # vLLM validates any structured-output request through lm-format-enforcer's module, which its
 # stripped site lacks: carry .whl (../shared/gpu/wheelhouse.sh lm-format-enforcer interegular).
 if [ ! -d /tmp/vllm-site/lmformatenforcer ] && ls .whl/lm_format_enforcer-* >/dev/null 2>&1; then
