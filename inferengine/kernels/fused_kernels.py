@@ -106,6 +106,40 @@ def rms_norm_kernel(
 
 
 @triton.jit
+def head_rms_norm_kernel(
+    x_ptr,
+    weight_ptr,
+    out_ptr,
+    num_heads,
+    head_dim,
+    eps,
+    stride_xt,
+    stride_xh,
+    stride_ot,
+    stride_oh,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """Grid (tokens, head blocks): `rms_norm_kernel`'s math on each head of a token (q/k norm),
+    BLOCK_H heads per program, reading a strided [tokens, heads, head_dim] view in place."""
+    pdl_enter(USE_PDL)
+    token = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs = tl.arange(0, BLOCK_D)
+    mask = (heads[:, None] < num_heads) & (offs[None, :] < head_dim)
+    x_offs = token * stride_xt + heads[:, None] * stride_xh + offs[None, :]
+    x = tl.load(x_ptr + x_offs, mask=mask, other=0.0)
+    xf = x.to(tl.float32)
+    variance = tl.sum(xf * xf, 1) / head_dim
+    normed = (xf * (1.0 / tl.sqrt(variance + eps))[:, None]).to(x.dtype)
+    weight = tl.load(weight_ptr + offs, mask=offs < head_dim, other=0.0)
+    out = normed.to(tl.float32) * weight.to(tl.float32)[None, :]
+    out_offs = token * stride_ot + heads[:, None] * stride_oh + offs[None, :]
+    tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _rotate_heads(
     x_ptr,
     num_heads,

@@ -3,7 +3,8 @@
 The Triton path sorts (token, choice) rows by expert, padded per expert to the GEMM's tile
 height (`moe_align`); one grouped GEMM computes silu(x W_gate) · (x W_up) for every row; a
 second multiplies by W_down and the routing weight; the top-k rows of a token are summed last,
-in a fixed order (no atomics: the same inputs give the same bits). Hot path and CUDA-graph
+in a fixed order (no atomics: the same inputs give the same bits) by one more kernel. `route`
+does the router's softmax and top-k in one launch. Hot path and CUDA-graph
 safe: buffer sizes and grids come from tensor shapes, never from device values. Add nothing
 here that syncs.
 """
@@ -57,6 +58,35 @@ def select_experts(
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def route(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`select_experts` in one Triton launch (softmax, top-k and renormalisation per token):
+    float32 weights [T, k] and int64 ids [T, k], descending like torch.topk's."""
+    from inferengine.kernels.fused_moe_kernels import moe_route_kernel
+
+    num_tokens, num_experts = router_logits.shape
+    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=router_logits.device)
+    if num_tokens == 0:
+        return weights, ids
+    logits = router_logits if router_logits.stride(-1) == 1 else router_logits.contiguous()
+    block_e = max(16, next_power_of_2(num_experts))
+    moe_route_kernel[(num_tokens,)](
+        logits,
+        weights,
+        ids,
+        num_experts,
+        logits.stride(0),
+        TOP_K=top_k,
+        TOP_K_PAD=max(2, next_power_of_2(top_k)),
+        RENORMALIZE=renormalize,
+        BLOCK_E=block_e,
+        num_warps=1 if block_e <= 256 else 4,
+    )
     return weights, ids
 
 
@@ -211,7 +241,23 @@ def fused_moe(
     _grouped_gemm(inter, w2, out, aligned, weights, numel, 1, False, config)
     if top_k == 1:
         return out
-    return out.view(num_tokens, top_k, hidden).sum(dim=1)
+    return _sum_choices(out, num_tokens, top_k)
+
+
+_SUM_BLOCK = 1024
+
+
+def _sum_choices(rows: torch.Tensor, num_tokens: int, top_k: int) -> torch.Tensor:
+    """[T · k, H] -> [T, H]: each token's k rows summed in float32, rounded once."""
+    from inferengine.kernels.fused_moe_kernels import moe_sum_kernel
+
+    hidden = rows.shape[1]
+    out = torch.empty(num_tokens, hidden, dtype=rows.dtype, device=rows.device)
+    block = min(_SUM_BLOCK, next_power_of_2(hidden))
+    moe_sum_kernel[(num_tokens, -(-hidden // block))](
+        rows, out, hidden, out.stride(0), TOP_K=top_k, BLOCK=block, num_warps=4
+    )
+    return out
 
 
 def fused_moe_ref(

@@ -4,13 +4,17 @@ Their wrapper, launch configs and torch reference live in fused_moe.py.
 Rows are (token, choice) pairs, numbered `token * top_k + choice` ("flat ids"). The alignment
 (count, layout, scatter) groups flat ids by expert and pads each expert's run to a multiple of
 BLOCK_M with the id `numel` (no row), so every BLOCK_M tile belongs to one expert.
+
+Sizes that follow the step's token count (`numel`, `max_blocks`, `num_pid_m`) are not
+specialised on: Triton would otherwise compile a variant per divisibility class of each, the
+first time a step of that class ran, stalling the engine mid-serving for seconds.
 """
 
 import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["numel"])
 def moe_count_kernel(topk_ids_ptr, counts_ptr, numel, BLOCK_T: tl.constexpr):
     """Grid (row chunks): rows per expert, added atomically into zeroed `counts`."""
     offs = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -19,7 +23,7 @@ def moe_count_kernel(topk_ids_ptr, counts_ptr, numel, BLOCK_T: tl.constexpr):
     tl.atomic_add(counts_ptr + ids, 1, mask=mask, sem="relaxed")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["numel", "max_blocks"])
 def moe_layout_kernel(
     counts_ptr,
     cursors_ptr,
@@ -57,7 +61,7 @@ def moe_layout_kernel(
         tl.store(block_experts_ptr + blocks, expert, mask=blocks < max_blocks)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["numel"])
 def moe_scatter_kernel(topk_ids_ptr, cursors_ptr, sorted_ids_ptr, numel, BLOCK_T: tl.constexpr):
     """Grid (row chunks): each row takes its expert's next slot. The order of rows within an
     expert's run varies from call to call; no result depends on it (a tile's rows are
@@ -69,7 +73,7 @@ def moe_scatter_kernel(topk_ids_ptr, cursors_ptr, sorted_ids_ptr, numel, BLOCK_T
     tl.store(sorted_ids_ptr + pos, offs, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["numel", "num_pid_m"])
 def moe_gemm_kernel(
     a_ptr,
     w_ptr,
@@ -151,3 +155,54 @@ def moe_gemm_kernel(
     out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     out = acc.to(out_ptr.dtype.element_ty)
     tl.store(out_ptrs, out, mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def moe_route_kernel(
+    logits_ptr,
+    weights_ptr,
+    ids_ptr,
+    num_experts,
+    stride_l,
+    TOP_K: tl.constexpr,
+    TOP_K_PAD: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+):
+    """One program per token: softmax over the experts in float32, the TOP_K largest in
+    descending order (ties: the lower expert id), renormalised to sum to one if asked; writes
+    float32 weights and int64 ids [tokens, TOP_K]."""
+    row = tl.program_id(0).to(tl.int64)
+    experts = tl.arange(0, BLOCK_E)
+    valid = experts < num_experts
+    x = tl.load(logits_ptr + row * stride_l + experts, mask=valid, other=float("-inf"))
+    x = x.to(tl.float32)
+    e = tl.where(valid, tl.exp(x - tl.max(x, 0)), 0.0)
+    probs = e / tl.sum(e, 0)
+    probs = tl.where(valid, probs, -1.0)
+    slots = tl.arange(0, TOP_K_PAD)
+    top_w = tl.zeros([TOP_K_PAD], dtype=tl.float32)
+    top_i = tl.zeros([TOP_K_PAD], dtype=tl.int64)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(probs, 0)
+        pick = tl.min(tl.where(probs == best, experts, BLOCK_E), 0)
+        top_w = tl.where(slots == j, best, top_w)
+        top_i = tl.where(slots == j, pick.to(tl.int64), top_i)
+        probs = tl.where(experts == pick, -2.0, probs)
+    if RENORMALIZE:
+        top_w = top_w / tl.sum(top_w, 0)
+    tl.store(weights_ptr + row * TOP_K + slots, top_w, mask=slots < TOP_K)
+    tl.store(ids_ptr + row * TOP_K + slots, top_i, mask=slots < TOP_K)
+
+
+@triton.jit
+def moe_sum_kernel(rows_ptr, out_ptr, hidden, stride_o, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """Grid (tokens, hidden blocks): out[t] = Σ_j rows[t · TOP_K + j], in float32 in the order
+    j = 0 .. TOP_K-1, rounded once to out's dtype. Rows are contiguous [tokens · TOP_K, hidden]."""
+    token = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < hidden
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(rows_ptr + (token * TOP_K + j) * hidden + offs, mask=mask).to(tl.float32)
+    tl.store(out_ptr + token * stride_o + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)

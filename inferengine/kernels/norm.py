@@ -30,6 +30,34 @@ def _launch(x, residual, weight, out, eps: float) -> None:
     )
 
 
+def _heads(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> None:
+    """RMSNorm of every head of a [tokens, heads, head_dim] view (q/k norm) without copying it
+    to rows first: a split of the fused qkv output has no uniform row stride."""
+    from inferengine.kernels.fused_kernels import head_rms_norm_kernel
+
+    tokens, heads, head_dim = x.shape
+    if tokens == 0 or heads == 0:
+        return
+    block_d = next_power_of_2(head_dim)
+    block_h = min(next_power_of_2(heads), max(1, 2048 // block_d))
+    head_rms_norm_kernel[(tokens, -(-heads // block_h))](
+        x,
+        weight,
+        out,
+        heads,
+        head_dim,
+        eps,
+        x.stride(0),
+        x.stride(1),
+        out.stride(0),
+        out.stride(1),
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
+        num_warps=4 if block_h * block_d >= 1024 else 1,
+        **pdl_launch(x),
+    )
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """A [rows, hidden] view (or copy) whose rows are evenly strided and whose last dim is dense."""
     t2 = t.reshape(-1, t.shape[-1]) if t.dim() != 2 else t
@@ -38,9 +66,14 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * rmsnorm(x) over the last dim, as HF computes it (float32 inside; the result
-    takes the promoted dtype of x and weight, like HF)."""
-    x2 = _rows(x)
+    takes the promoted dtype of x and weight, like HF). A 3-D x (tokens, heads, head_dim) with
+    a dense last dim is read where it lies, per head, whatever its other strides."""
     out_dtype = torch.promote_types(x.dtype, weight.dtype)
+    if x.dim() == 3 and x.stride(-1) == 1:
+        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+        _heads(x, weight, eps, out)
+        return out
+    x2 = _rows(x)
     out = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
     _launch(x2, None, weight, out, eps)
     return out.view(x.shape)

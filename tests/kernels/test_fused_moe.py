@@ -12,8 +12,10 @@ from inferengine.kernels.fused_moe import (
     max_padded_rows,
     moe_align,
     moe_align_sorted,
+    route,
     select_experts,
 )
+from inferengine.kernels.fused_moe import _sum_choices as sum_choices
 
 
 def routing(gen, num_tokens: int, num_experts: int, top_k: int, hot: int | None = None):
@@ -120,3 +122,42 @@ def test_select_experts_renormalises_as_asked(gen):
     torch.testing.assert_close(w, torch.softmax(top.values, dim=-1))  # Mixtral's definition
     raw, _ = select_experts(logits, 3, renormalize=False)
     torch.testing.assert_close(raw, torch.softmax(logits, -1).gather(1, ids))
+
+
+@pytest.mark.parametrize(
+    "num_tokens,num_experts,top_k,renormalize",
+    [(1, 8, 2, True), (13, 8, 2, False), (9, 128, 8, True), (7, 60, 4, False), (0, 8, 2, True),
+     (5, 300, 3, True)],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_route_matches_select_experts(
+    gen, device, num_tokens, num_experts, top_k, renormalize, dtype
+):
+    """The one-launch router: the same experts in the same (descending) order as torch.topk,
+    weights within float32 rounding of the torch softmax."""
+    logits = torch.randn(num_tokens, num_experts, generator=gen).to(dtype)
+    want_w, want_ids = select_experts(logits, top_k, renormalize)
+    w, ids = route(logits.to(device), top_k, renormalize)
+    assert w.dtype == torch.float32 and ids.dtype == torch.int64
+    assert torch.equal(ids.cpu(), want_ids)
+    torch.testing.assert_close(w.cpu(), want_w, atol=1e-6, rtol=1e-5)
+
+
+def test_route_of_a_strided_view(gen, device):
+    wide = torch.randn(6, 40, generator=gen)
+    logits = wide[:, 4:20]  # row stride 40
+    want_w, want_ids = select_experts(logits, 4, True)
+    w, ids = route(logits.to(device), 4, True)
+    assert torch.equal(ids.cpu(), want_ids)
+    torch.testing.assert_close(w.cpu(), want_w, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens,top_k,hidden", [(3, 2, 64), (5, 8, 2100), (1, 4, 7)])
+def test_sum_choices_rounds_once(gen, device, dtype, num_tokens, top_k, hidden):
+    rows = torch.randn(num_tokens * top_k, hidden, generator=gen).to(dtype)
+    out = sum_choices(rows.to(device), num_tokens, top_k)
+    acc = torch.zeros(num_tokens, hidden)
+    for j in range(top_k):  # float32, in choice order, then one rounding
+        acc += rows.view(num_tokens, top_k, hidden)[:, j].float()
+    torch.testing.assert_close(out.cpu(), acc.to(dtype), atol=0, rtol=0)

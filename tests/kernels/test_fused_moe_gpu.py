@@ -4,7 +4,7 @@ reference on the same (bf16) weights and inputs; and the kernels inside a CUDA g
 import pytest
 import torch
 
-from inferengine.kernels.fused_moe import fused_moe, fused_moe_ref, select_experts
+from inferengine.kernels.fused_moe import fused_moe, fused_moe_ref, route, select_experts
 
 pytestmark = [
     pytest.mark.gpu,
@@ -43,7 +43,7 @@ def make(shape: str, num_tokens: int, seed: int = 0):
     return x, w13, w2, weights, ids
 
 
-@pytest.mark.parametrize("num_tokens", [1, 16, 256])
+@pytest.mark.parametrize("num_tokens", [1, 16, 256, 4096])
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_fused_moe_real_shapes(shape, num_tokens):
     x, w13, w2, weights, ids = make(shape, num_tokens)
@@ -70,3 +70,17 @@ def test_fused_moe_in_a_cuda_graph():
         torch.cuda.synchronize()
         expected = fused_moe_ref(x.float(), w13.float(), w2.float(), weights, ids)
         torch.testing.assert_close(out.float(), expected, **TOL)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 64, 8192])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_route_real_shapes(shape, num_tokens):
+    """The one-launch router against torch's softmax and topk on float32 router logits."""
+    _, num_experts, top_k, _ = SHAPES[shape]
+    gen = torch.Generator(device="cuda").manual_seed(num_tokens)
+    logits = torch.randn(num_tokens, num_experts, generator=gen, device="cuda")
+    for renormalize in (True, False):
+        want_w, want_ids = select_experts(logits, top_k, renormalize)
+        w, ids = route(logits, top_k, renormalize)
+        assert torch.equal(ids, want_ids)
+        torch.testing.assert_close(w, want_w, atol=1e-6, rtol=1e-5)

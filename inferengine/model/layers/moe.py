@@ -148,7 +148,13 @@ class SparseMoeBlock(nn.Module):
         self.register_buffer("expert_tokens", counts, persistent=False)
 
     def forward(self, x: torch.Tensor, slot_mapping: torch.Tensor | None = None) -> torch.Tensor:
-        weights, ids = select_experts(self.gate(x), self.top_k, self.renormalize)
+        logits = self.gate(x)
+        if use_fused_kernels(logits):
+            from inferengine.kernels.fused_moe import route
+
+            weights, ids = route(logits, self.top_k, self.renormalize)
+        else:
+            weights, ids = select_experts(logits, self.top_k, self.renormalize)
         if self.weights_in_input_dtype:
             weights = weights.to(x.dtype)
         self.count_tokens(ids, slot_mapping)
