@@ -171,7 +171,8 @@ def moe_route_kernel(
 ):
     """One program per token: softmax over the experts in float32, the TOP_K largest in
     descending order (ties: the lower expert id), renormalised to sum to one if asked; writes
-    float32 weights and int64 ids [tokens, TOP_K]."""
+    float32 weights and int64 ids [tokens, TOP_K]. A NaN ranks above every number, as in
+    torch.topk, so ids stay in range whatever the row holds (a padding row may be garbage)."""
     row = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, BLOCK_E)
     valid = experts < num_experts
@@ -179,16 +180,17 @@ def moe_route_kernel(
     x = x.to(tl.float32)
     e = tl.where(valid, tl.exp(x - tl.max(x, 0)), 0.0)
     probs = e / tl.sum(e, 0)
-    probs = tl.where(valid, probs, -1.0)
+    key = tl.where(valid, tl.where(probs != probs, 2.0, probs), -1.0)
     slots = tl.arange(0, TOP_K_PAD)
     top_w = tl.zeros([TOP_K_PAD], dtype=tl.float32)
     top_i = tl.zeros([TOP_K_PAD], dtype=tl.int64)
     for j in tl.static_range(TOP_K):
-        best = tl.max(probs, 0)
-        pick = tl.min(tl.where(probs == best, experts, BLOCK_E), 0)
-        top_w = tl.where(slots == j, best, top_w)
+        best = tl.max(key, 0)
+        pick = tl.minimum(tl.min(tl.where(key == best, experts, BLOCK_E), 0), num_experts - 1)
+        chosen = experts == pick
+        top_w = tl.where(slots == j, tl.sum(tl.where(chosen, probs, 0.0), 0), top_w)
         top_i = tl.where(slots == j, pick.to(tl.int64), top_i)
-        probs = tl.where(experts == pick, -2.0, probs)
+        key = tl.where(chosen, -2.0, key)
     if RENORMALIZE:
         top_w = top_w / tl.sum(top_w, 0)
     tl.store(weights_ptr + row * TOP_K + slots, top_w, mask=slots < TOP_K)

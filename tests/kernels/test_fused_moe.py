@@ -161,3 +161,18 @@ def test_sum_choices_rounds_once(gen, device, dtype, num_tokens, top_k, hidden):
     for j in range(top_k):  # float32, in choice order, then one rounding
         acc += rows.view(num_tokens, top_k, hidden)[:, j].float()
     torch.testing.assert_close(out.cpu(), acc.to(dtype), atol=0, rtol=0)
+
+
+def test_route_keeps_ids_in_range_on_nan_rows(device):
+    """Garbage (padding) rows with NaN logits (one NaN makes the whole softmax NaN) still
+    route to valid, distinct experts, as torch.topk does; finite rows beside them are
+    unaffected."""
+    logits = torch.tensor([[float("nan")] * 8, [0.0, 1.0, 2.0, 3.0, float("nan"), 0.5, 0.2, 0.1]])
+    logits = torch.cat([logits, torch.randn(3, 8)])
+    w, ids = route(logits.to(device), 2, True)
+    ids = ids.cpu()
+    assert ((ids >= 0) & (ids < 8)).all()
+    assert all(len(set(row)) == 2 for row in ids.tolist())
+    want_w, want_ids = select_experts(logits[2:], 2, True)
+    assert torch.equal(ids[2:], want_ids)
+    torch.testing.assert_close(w.cpu()[2:], want_w, atol=1e-6, rtol=1e-5)
