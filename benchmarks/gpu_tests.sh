@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu_tests.sh tests/kernels   # any pytest arguments instead
 # GIT_REV=<revision> names the working tree in command.txt (the host's copy has no .git).
 # GPU_TESTS_LIMIT_S (default 540) stops pytest in time for the summary to be written inside one
-# 10-minute device call; the summary then shows exit code 124 and the tests that did run.
+# 10-minute device call; the summary then shows exit code 124, and log.txt (pytest -v) names the
+# tests that passed before it (pytest writes junit.xml only when it finishes).
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -17,7 +18,7 @@ args=("$@")
 d=${OUT:-/tmp}/$(date -u +%Y%m%dT%H%M%SZ)-gpu-tests
 mkdir -p "$d"
 start=$(date +%s)
-timeout "${GPU_TESTS_LIMIT_S:-540}" python3 -m pytest -q -p no:cacheprovider -rfE --junitxml="$d/junit.xml" "${args[@]}" > "$d/log.txt" 2>&1
+timeout "${GPU_TESTS_LIMIT_S:-540}" python3 -m pytest -v -p no:cacheprovider -rfE --junitxml="$d/junit.xml" "${args[@]}" > "$d/log.txt" 2>&1
 code=$?
 tail -n 40 "$d/log.txt"
 python3 - "$d" "$code" "$(( $(date +%s) - start ))" "${args[*]}" <<'X'

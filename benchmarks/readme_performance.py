@@ -40,6 +40,16 @@ ROWS = (
     ("median_tpot_ms", "median TPOT, ms", "{:.2f}"),
 )
 NAMES = {"inferengine": "InferEngine", "vllm": "vLLM"}
+# Each model's folders make a table of their own, the main model's first; model dir -> (the
+# shape as the README names it, the --gpu-memory-utilization both servers ran with).
+MAIN_MODEL = "configs/qwen2.5-7b"
+SHAPES = {
+    "configs/qwen2.5-7b": ("Qwen2.5-7B shape", "0.82"),
+    "configs/qwen3-30b-a3b": (
+        "Qwen3-30B-A3B shape (mixture of experts: 128 experts, top-8)",
+        "0.92",
+    ),
+}
 
 
 def load_paired(results: Path) -> list[tuple[str, dict]]:
@@ -149,13 +159,14 @@ def paired_section(paired: list[tuple[str, dict]]) -> list[str]:
         return ["No `bench paired` folder yet."]
     first = newest_runs(paired, workloads[0])[1][0]
     systems = first["systems"]
+    shape, utilization = SHAPES.get(first["model_dir"], ("shape", "0.82"))
     heads = [
         NAMES.get(s, s) + (f" {first['judge_version'][5:]}" if s == "vllm" else "") for s in systems
     ]
     lines = [
         f"`inferengine bench paired` with `{first['judge']}` ({first['judge_version']}) as the "
-        f"judge, on one {gpu_name(first)}, Qwen2.5-7B shape (`{first['model_dir']}`), bf16, "
-        "dummy weights, `--gpu-memory-utilization 0.82`, the same prompts, seed and warm-up "
+        f"judge, on one {gpu_name(first)}, {shape} (`{first['model_dir']}`), bf16, "
+        f"dummy weights, `--gpu-memory-utilization {utilization}`, the same prompts, seed and warm-up "
         "requests for both; the launch order alternates between rounds "
         "(`benchmarks/gpu_paired.sh`). Each cell: the **median** of the rounds, then every "
         "round's value in round order; the ratio is of the medians "
@@ -335,8 +346,15 @@ def gpu_name(summary: dict) -> str:
 
 def render(results: Path = RESULTS) -> str:
     paired = [(n, s) for n, s in load_paired(results) if s["systems"] == VERSUS]
-    body = [BEGIN, *paired_section(paired), *cpu_lines(results), END]
-    return "\n".join(body)
+    by_model: dict[str, list[tuple[str, dict]]] = {}
+    for name, summary in paired:
+        by_model.setdefault(summary["model_dir"], []).append((name, summary))
+    tables = [
+        paired_section(by_model[m]) for m in sorted(by_model, key=lambda m: (m != MAIN_MODEL, m))
+    ]
+    tables = tables or [paired_section([])]
+    body = [BEGIN, *[line for i, t in enumerate(tables) for line in ([""] if i else []) + t]]
+    return "\n".join([*body, *cpu_lines(results), END])
 
 
 def render_spec(results: Path = RESULTS) -> str:
