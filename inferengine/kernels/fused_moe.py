@@ -241,13 +241,13 @@ def fused_moe(
     _grouped_gemm(inter, w2, out, aligned, weights, numel, 1, False, config)
     if top_k == 1:
         return out
-    return _sum_choices(out, num_tokens, top_k)
+    return sum_choices(out, num_tokens, top_k)
 
 
 _SUM_BLOCK = 1024
 
 
-def _sum_choices(rows: torch.Tensor, num_tokens: int, top_k: int) -> torch.Tensor:
+def sum_choices(rows: torch.Tensor, num_tokens: int, top_k: int) -> torch.Tensor:
     """[T · k, H] -> [T, H]: each token's k rows summed in float32, rounded once."""
     from inferengine.kernels.fused_moe_kernels import moe_sum_kernel
 

@@ -14,8 +14,8 @@ from inferengine.kernels.fused_moe import (
     moe_align_sorted,
     route,
     select_experts,
+    sum_choices,
 )
-from inferengine.kernels.fused_moe import _sum_choices as sum_choices
 
 
 def routing(gen, num_tokens: int, num_experts: int, top_k: int, hot: int | None = None):
