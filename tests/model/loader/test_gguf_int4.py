@@ -15,6 +15,8 @@ from inferengine.model.layers.quantized_cpu import (
     Int4Weight,
     int4_kernel_available,
     int8_as_int4_pair,
+    pack_int4,
+    unpack_int4,
 )
 from inferengine.model.loader import gguf_int4
 from inferengine.model.loader.gguf import convert_gguf
@@ -108,6 +110,56 @@ def test_int4_linear_equals_the_dequantized_reference(compute):
         else:  # activations, scales and zeros rounded to bf16
             scale = expected.abs().max().item() if expected.numel() else 1.0
             torch.testing.assert_close(got, expected, rtol=0, atol=3e-2 * scale)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("rows", "cols"), [(64, 32), (192, 96), (128, 576)])
+def test_unpack_reverses_the_cpu_packing(rows, cols):
+    g = torch.Generator().manual_seed(rows + cols)
+    q = torch.randint(0, 16, (rows, cols), generator=g, dtype=torch.uint8)
+    scale = torch.rand(rows, cols // 32, generator=g) * 0.1
+    zero = torch.randn(rows, cols // 32, generator=g) * 0.01
+    packed, scales_and_zeros = pack_int4(Int4Weight(q, scale, zero), torch.bfloat16)
+    # The kernel's scales and zeros are bf16: so is the reference's.
+    rounded = Int4Weight(q, scale.bfloat16().float(), zero.bfloat16().float())
+    torch.testing.assert_close(
+        unpack_int4(packed, scales_and_zeros), rounded.dequantize(), rtol=0, atol=0
+    )
+
+
+@needs_kernel
+def test_unpack_declines_a_tail_block():
+    q = torch.zeros(48, 32, dtype=torch.uint8)
+    packed, sz = pack_int4(Int4Weight(q, torch.ones(48, 1), torch.zeros(48, 1)), torch.bfloat16)
+    assert unpack_int4(packed, sz) is None
+
+
+@needs_kernel
+@pytest.mark.parametrize("q8", [False, True])
+@pytest.mark.parametrize("compute", [torch.float32, torch.bfloat16])
+def test_many_rows_run_dense_with_the_kernels_numbers(monkeypatch, q8, compute):
+    """From DENSE_MIN_ROWS rows the product runs on the weight unpacked to the compute dtype:
+    the int4 kernel's product up to that rounding of the weight (and the summation order)."""
+    rows, cols = 128, 96
+    if q8:
+        g = torch.Generator().manual_seed(5)
+        weight = int8_as_int4_pair(
+            torch.randint(-128, 128, (rows, cols), generator=g, dtype=torch.int8),
+            torch.rand(rows, cols // 32, generator=g) * 0.01,
+        )
+    else:
+        weight = _random_q4_1(rows, cols, seed=3)
+    layer = nn.Linear(cols, rows, bias=False)
+    method = Int4CpuLinearMethod(layer, weight, compute, input_repeats=2 if q8 else 1)
+    x = torch.randn(300, cols, generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(quantized_cpu, "DENSE_MIN_ROWS", 10**9)
+    kernel = method.apply(layer, x, None)
+    monkeypatch.setattr(quantized_cpu, "DENSE_MIN_ROWS", 256)
+    dense = method.apply(layer, x, None)
+    assert dense.dtype == kernel.dtype == x.dtype
+    # Weights and output rounded to bf16 (2^-9 relative each), not float32.
+    tol = 2**-7 if compute == torch.bfloat16 else 2**-20
+    torch.testing.assert_close(dense, kernel, rtol=tol, atol=tol * kernel.abs().max().item())
 
 
 @needs_kernel
