@@ -82,13 +82,13 @@ class HostKVTier:
             weakref.finalize(self, unpin)
             self.stream: torch.cuda.Stream | None = torch.cuda.Stream(self.device)
             chunk = max(1, min(num_slots, STAGING_BYTES // self.slot_bytes))
-            self.staging = torch.empty(
+            self.staging: torch.Tensor | None = torch.empty(
                 (chunk, self.slot_bytes), dtype=torch.uint8, device=self.device
             )
         else:
             self.host = torch.empty((num_slots, self.slot_bytes), dtype=torch.uint8)
             self.stream = None
-            self.staging = self.host  # unused: CPU copies go straight to their slots
+            self.staging = None  # CPU copies go straight to their slots
         self._writebacks_done: torch.cuda.Event | None = None
         logger.info(
             "CPU KV tier: %d pages, %.2f GiB of host memory",
@@ -142,15 +142,9 @@ class HostKVTier:
         index = torch.tensor(slots)
         for layer, part in enumerate(pages):
             assert part.dtype == self.dtypes[layer], "pages must come in the cache's dtype"
-            self._host_pages(layer).index_copy_(0, index, _page_major(part))
+            self._layer_pages(self.host, layer).index_copy_(0, index, _page_major(part))
 
     # ---- copies, in bytes ------------------------------------------------------------------
-
-    def _host_pages(self, layer: int) -> torch.Tensor:
-        """Every slot's page of `layer` as `[slots, 2, bytes]`."""
-        start = self.offsets[layer]
-        part = self.host[:, start : start + self.page_bytes[layer]]
-        return part.view(part.shape[0], 2, -1)
 
     def _page_ids(self, *groups: list[int]) -> list[torch.Tensor]:
         """The GPU page ids of each group, on the device through one asynchronous copy (a
@@ -166,7 +160,7 @@ class HostKVTier:
             stage = self.staging[: len(copies[start : start + chunk])]
             ids = pages[start : start + chunk]
             for layer, cache in enumerate(kv_caches):
-                self._staged(stage, layer).copy_(_page_major(cache).index_select(0, ids))
+                self._layer_pages(stage, layer).copy_(_page_major(cache).index_select(0, ids))
             for i, slot, n in _runs([s for _, s in copies[start : start + chunk]]):
                 self.host[slot : slot + n].copy_(stage[i : i + n], non_blocking=True)
 
@@ -179,7 +173,7 @@ class HostKVTier:
                 stage[i : i + n].copy_(self.host[slot : slot + n], non_blocking=True)
             ids = pages[start : start + chunk]
             for layer, cache in enumerate(kv_caches):
-                _page_major(cache).index_copy_(0, ids, self._staged(stage, layer))
+                _page_major(cache).index_copy_(0, ids, self._layer_pages(stage, layer))
 
     def _save_here(self, kv_caches: list[torch.Tensor], copies: Copies) -> None:
         """Pages to slots when the cache is in host memory too."""
@@ -187,18 +181,20 @@ class HostKVTier:
             pages, slots = torch.tensor(copies).T
             for layer, cache in enumerate(kv_caches):
                 page_major = _page_major(cache).index_select(0, pages)
-                self._host_pages(layer).index_copy_(0, slots, page_major)
+                self._layer_pages(self.host, layer).index_copy_(0, slots, page_major)
 
     def _load_here(self, kv_caches: list[torch.Tensor], copies: Copies) -> None:
         if copies:
             slots, pages = torch.tensor(copies).T
             for layer, cache in enumerate(kv_caches):
-                page_major = self._host_pages(layer).index_select(0, slots)
+                page_major = self._layer_pages(self.host, layer).index_select(0, slots)
                 _page_major(cache).index_copy_(0, pages, page_major)
 
-    def _staged(self, stage: torch.Tensor, layer: int) -> torch.Tensor:
+    def _layer_pages(self, slots: torch.Tensor, layer: int) -> torch.Tensor:
+        """Layer `layer`'s page in each row of `slots` (the host tier or staging, `[n,
+        slot_bytes]`) as `[n, 2, bytes]`: a view."""
         start = self.offsets[layer]
-        return stage[:, start : start + self.page_bytes[layer]].view(len(stage), 2, -1)
+        return slots[:, start : start + self.page_bytes[layer]].view(len(slots), 2, -1)
 
 
 def _page_major(cache: torch.Tensor) -> torch.Tensor:

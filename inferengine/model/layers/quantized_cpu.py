@@ -119,10 +119,9 @@ def unpack_int4(packed: torch.Tensor, scales_and_zeros: torch.Tensor) -> torch.T
     if n % _PACK_BLOCK_N:
         return None
     blocks = packed.reshape(n // _PACK_BLOCK_N, k, _PACK_BLOCK_N // 2)
-    q = torch.cat([blocks & 0x0F, blocks >> 4], dim=2).transpose(1, 2).reshape(n, groups, -1)
+    q = torch.cat([blocks & 0x0F, blocks >> 4], dim=2).transpose(1, 2).reshape(n, k)
     scale, zero = scales_and_zeros.float().permute(1, 0, 2).unbind(-1)  # [N, groups] each
-    w = (q.float() - 8.0) * scale.unsqueeze(-1) + zero.unsqueeze(-1)
-    return w.reshape(n, k)
+    return Int4Weight(q, scale, zero).dequantize()
 
 
 def compute_dtype_for(model_dtype: torch.dtype) -> torch.dtype:
