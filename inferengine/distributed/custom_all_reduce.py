@@ -19,7 +19,9 @@ from inferengine.logger import init_logger
 
 logger = init_logger(__name__)
 
-DEFAULT_MAX_BYTES = 8 << 20
+# On two H200s the one-shot path wins up to 2 MiB and NCCL's ring from 4 MiB on, in graphs and
+# eager alike (benchmarks/results/20261124T014825Z-all-reduce-latency).
+DEFAULT_MAX_BYTES = 2 << 20
 # torch's one-shot kernel is instantiated for these only (AT_DISPATCH_FLOAT_AND_BFLOAT16).
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
 _SMOKE_NUMEL = 4096
