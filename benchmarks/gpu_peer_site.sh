@@ -20,7 +20,9 @@ if [ ! -d /tmp/site/llguidance ]; then  # our structured output (a dependency of
   g=$(ls .whl/llguidance-* 2>/dev/null || ls .peer2/w/llguidance-*)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $g || exit 1
 fi
-if [ ! -d /tmp/site/fastapi ]; then
+# A newer fastapi left in /tmp/site by another script (0.165 imports opentelemetry, which the host
+# lacks) fails our server at start-up: whatever is there must import, else .peer2's replaces it.
+if ! PYTHONPATH=/tmp/site python3 -c "import fastapi" 2>/dev/null; then
   w=.peer2/w
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     $w/annotated_types-* $w/fastapi-* $w/msgspec-* $w/pydantic-2* $w/pydantic_core-* $w/pyzmq-* $w/sniffio-* \

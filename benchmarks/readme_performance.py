@@ -41,13 +41,20 @@ ROWS = (
 )
 NAMES = {"inferengine": "InferEngine", "vllm": "vLLM"}
 # Each model's folders make a table of their own, the main model's first; model dir -> (the
-# shape as the README names it, the --gpu-memory-utilization both servers ran with).
+# shape as the README names it, the --gpu-memory-utilization both servers ran with, how many
+# GPUs each server spanned).
 MAIN_MODEL = "configs/qwen2.5-7b"
 SHAPES = {
-    "configs/qwen2.5-7b": ("Qwen2.5-7B shape", "0.82"),
+    "configs/qwen2.5-7b": ("Qwen2.5-7B shape", "0.82", "one"),
     "configs/qwen3-30b-a3b": (
         "Qwen3-30B-A3B shape (mixture of experts: 128 experts, top-8)",
         "0.92",
+        "one",
+    ),
+    "configs/llama-3-70b": (
+        "Llama-3-70B shape, `--tensor-parallel-size 2` for both (`benchmarks/gpu_tp.sh`)",
+        "0.90",
+        "two",
     ),
 }
 
@@ -159,13 +166,13 @@ def paired_section(paired: list[tuple[str, dict]]) -> list[str]:
         return ["No `bench paired` folder yet."]
     first = newest_runs(paired, workloads[0])[1][0]
     systems = first["systems"]
-    shape, utilization = SHAPES.get(first["model_dir"], ("shape", "0.82"))
+    shape, utilization, gpus = SHAPES.get(first["model_dir"], ("shape", "0.82", "one"))
     heads = [
         NAMES.get(s, s) + (f" {first['judge_version'][5:]}" if s == "vllm" else "") for s in systems
     ]
     lines = [
         f"`inferengine bench paired` with `{first['judge']}` ({first['judge_version']}) as the "
-        f"judge, on one {gpu_name(first)}, {shape} (`{first['model_dir']}`), bf16, "
+        f"judge, on {gpus} {gpu_name(first)}{'s' if gpus != 'one' else ''}, {shape} (`{first['model_dir']}`), bf16, "
         f"dummy weights, `--gpu-memory-utilization {utilization}`, the same prompts, seed and warm-up "
         "requests for both; the launch order alternates between rounds "
         "(`benchmarks/gpu_paired.sh`). Each cell: the **median** of the rounds, then every "

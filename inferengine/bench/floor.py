@@ -4,6 +4,8 @@ A decode step reads every weight of the layers, the final norm and the LM head o
 cache of each sequence's context. It does not read the input embedding table (only one row per
 token, which is counted), so an untied embedding is left out; a tied one is read as the LM head.
 Dense decoder configs (Llama, Mistral, Qwen2, Qwen3) only; others give None with the reason.
+Under tensor parallelism the floor is one rank's: its slice of every projection, of the LM head
+and of the KV heads (each rank keeps at least one), norms whole, all ranks reading at once.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ class DecodeBytes:
 
 
 def decode_step_bytes(
-    config: dict, batch: int, context_len: float, dtype_bytes: int = 2
+    config: dict, batch: int, context_len: float, dtype_bytes: int = 2, tp: int = 1
 ) -> DecodeBytes:
-    """Bytes one decode step of `batch` sequences, each `context_len` tokens long, reads."""
+    """Bytes one rank of `tp` reads in a decode step of `batch` sequences of `context_len`."""
     model_type = config.get("model_type")
     if model_type not in DENSE_MODEL_TYPES:
         raise ValueError(f"no decode byte count for model_type {model_type!r}")
@@ -38,15 +40,15 @@ def decode_step_bytes(
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or h // heads
-    q, kv = heads * head_dim, kv_heads * head_dim
+    q, kv = heads // tp * head_dim, max(kv_heads // tp, 1) * head_dim
     attention = h * q + 2 * h * kv + q * h
     if model_type == "qwen2" or config.get("attention_bias"):
         attention += q + 2 * kv
     if model_type == "qwen3":
         attention += 2 * head_dim  # q and k norms
-    mlp = 3 * h * config["intermediate_size"]
+    mlp = 3 * h * -(-config["intermediate_size"] // tp)
     layer = attention + mlp + 2 * h  # two RMS norms
-    params = config["num_hidden_layers"] * layer + h + config["vocab_size"] * h
+    params = config["num_hidden_layers"] * layer + h + -(-config["vocab_size"] // tp) * h
     kv_per_token = config["num_hidden_layers"] * 2 * kv
     return DecodeBytes(
         weights=params * dtype_bytes,
@@ -56,9 +58,14 @@ def decode_step_bytes(
 
 
 def batch1_floor(
-    model_dir: str | Path | None, input_len: float, output_len: float, copy_gbps: float | None
+    model_dir: str | Path | None,
+    input_len: float,
+    output_len: float,
+    copy_gbps: float | None,
+    tp: int = 1,
 ) -> dict:
-    """The floor of a batch-1 decode step at the mean context (prompt + half the output)."""
+    """The floor of a batch-1 decode step at the mean context (prompt + half the output), on
+    one rank of `tp` (each rank reading its slice at `copy_gbps`)."""
     if copy_gbps is None:
         return {"floor_ms": None, "reason": "no CUDA device to measure the copy rate on"}
     if model_dir is None:
@@ -70,7 +77,7 @@ def batch1_floor(
         config = text_only_config(config)  # a multimodal Gemma 3's text settings
         dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
         context = input_len + output_len / 2
-        counted = decode_step_bytes(config, 1, context, DTYPE_BYTES.get(str(dtype), 2))
+        counted = decode_step_bytes(config, 1, context, DTYPE_BYTES.get(str(dtype), 2), tp)
     except (OSError, ValueError, KeyError) as e:
         return {"floor_ms": None, "reason": f"{type(e).__name__}: {e}"}
     return {
@@ -78,5 +85,6 @@ def batch1_floor(
         "bytes": {**asdict(counted), "total": counted.total},
         "context_len": context,
         "copy_gbps": copy_gbps,
-        "counts": "layer weights, final norm, LM head, KV of the context, one embedding row",
+        "tensor_parallel_size": tp,
+        "counts": "a rank's layers, final norm and LM head, KV of the context, an embedding row",
     }

@@ -417,11 +417,29 @@ def floor_entry(
 ) -> dict:
     """The batch-1 floor at this workload's mean context, and each system's median TPOT over it."""
     d = workload.dataset
+    sizes = {tensor_parallel_size(spec.command) for spec in cfg.systems}
+    if len(sizes) > 1:
+        return {"floor_ms": None, "reason": "the systems run different tensor-parallel sizes"}
     floor = batch1_floor(
-        cfg.model_dir, d.random_prefix_len + d.random_input_len, d.random_output_len, bandwidth
+        cfg.model_dir,
+        d.random_prefix_len + d.random_input_len,
+        d.random_output_len,
+        bandwidth,
+        tp=sizes.pop() if sizes else 1,
     )
     over = {}
     for name, system in entry["systems"].items():
         tpot = system["spread"].get("median_tpot_ms", {}).get("median")
         over[name] = tpot / floor["floor_ms"] if tpot and floor.get("floor_ms") else None
     return {**floor, "tpot_over_floor": over}
+
+
+def tensor_parallel_size(command: str | None) -> int:
+    """The `--tensor-parallel-size` (or `-tp`) a server command line asks for; 1 without one."""
+    words = shlex.split(command or "")
+    for i, word in enumerate(words):
+        name, _, value = word.partition("=")
+        if name in ("--tensor-parallel-size", "-tp"):
+            value = value or (words[i + 1] if i + 1 < len(words) else "")
+            return int(value) if value.isdigit() else 1
+    return 1

@@ -69,3 +69,35 @@ def test_floor_says_why_it_is_missing(tmp_path):
     assert "no CUDA" in batch1_floor(QWEN, 1, 1, None)["reason"]
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mixtral"}))
     assert "mixtral" in batch1_floor(tmp_path, 1, 1, 3000.0)["reason"]
+
+
+def test_llama3_70b_floor_at_tp2_is_one_ranks_half():
+    config = json.loads((QWEN.parent / "llama-3-70b" / "config.json").read_text())
+    whole = decode_step_bytes(config, 1, 0, 2)
+    rank = decode_step_bytes(config, 1, 0, 2, tp=2)
+    # [12]'s 70.6 GB per GPU, less the rank's 1.05 GB half of the input embedding (not read)
+    assert 69.4e9 < rank.weights < 69.6e9
+    norms = (2 * config["num_hidden_layers"] + 1) * config["hidden_size"] * 2  # kept whole
+    assert rank.weights == (whole.weights - norms) / 2 + norms
+
+
+def test_kv_heads_are_kept_whole_when_ranks_outnumber_them():
+    config = {"model_type": "llama", **TINY}  # 2 KV heads
+    kv_per_token = 3 * 2 * 16 * 2  # layers x (K, V) x one head's dim x bytes
+    assert decode_step_bytes(config, 1, 100, 2, tp=4).kv_cache == 100 * kv_per_token
+
+
+@pytest.mark.parametrize(
+    "command, size",
+    [
+        ("serve m --tensor-parallel-size 2 --x 1", 2),
+        ("serve m --tensor-parallel-size=4", 4),
+        ("serve m -tp 8", 8),
+        ("serve m", 1),
+        (None, 1),
+    ],
+)
+def test_tensor_parallel_size_read_from_the_server_command(command, size):
+    from inferengine.bench.paired import tensor_parallel_size
+
+    assert tensor_parallel_size(command) == size

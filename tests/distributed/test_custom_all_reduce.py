@@ -65,7 +65,8 @@ def test_none_for_one_rank(one_rank_world, reasons):
 
 # ---- two GPUs ------------------------------------------------------------------------------
 
-SHAPES = [(1, 8192), (16, 8192), (3, 4096), (256, 8192), (2048,), (1, 2)]
+# (64, 8192) in float32 is exactly DEFAULT_MAX_BYTES, the largest message the one-shot path takes.
+SHAPES = [(1, 8192), (16, 8192), (3, 4096), (64, 8192), (2048,), (1, 2)]
 DTYPES = [torch.bfloat16, torch.float32]
 
 
