@@ -56,6 +56,9 @@ def preset_spec(
     if not model_dir:
         raise ConfigError(f"preset {preset!r} needs --model-dir (a folder with config.json)")
     model = shlex.quote(model_dir)
+    # A shell runs the command: a newline left in `extra` (a multi-line string in a script) would
+    # end the command there and run the rest as another.
+    extra = " ".join(extra.split())
     tail = f" {extra}" if extra else ""
     if preset == "inferengine":
         command = (

@@ -49,6 +49,14 @@ def test_system_specs():
             parse_system(bad, None, "m")
 
 
+def test_preset_extra_args_spanning_lines_stay_one_command():
+    # benchmarks/gpu_router.sh wrote its server flags over two lines; the shell then ran the
+    # second line as a command of its own (exit 127) and the server never saw those flags.
+    spec = parse_system("ours=preset:inferengine --a 1\n        --b 2 --c '{\"x\": 1}'", "/m", "m")
+    assert "\n" not in spec.command and spec.command.endswith("--a 1 --b 2 --c '{\"x\": 1}'")
+    assert shlex.split(spec.command)[-2:] == ["--c", '{"x": 1}']
+
+
 def test_vllm_preset_needs_the_unpacked_site(monkeypatch, tmp_path):
     monkeypatch.setattr(systems, "VLLM_PYTHONPATH", str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="url:"):
