@@ -17,6 +17,7 @@ into nibbles hi and lo, w = 16 d (hi - 8) + (d (lo - 8) + 8 d).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -105,21 +106,43 @@ def pack_int4(weight: Int4Weight, dtype: torch.dtype) -> tuple[torch.Tensor, tor
     return packed, scales_and_zeros.to(dtype).contiguous()
 
 
-# The CPU packing stores each block of 64 output rows as K x 32 bytes: byte k·32 + j holds row
-# j's value at input k in its low nibble and row j + 32's in its high one. (Blocks of fewer
-# than 64 rows, at the tail, are laid out otherwise; such weights are not unpacked.)
-_PACK_BLOCK_N = 64
+# The CPU packing stores each block of B output rows as K x B/2 bytes: byte k·B/2 + j holds
+# row j's value at input k in its low nibble and row j + B/2's in its high one. B is the
+# kernel's vector width: 64 rows where torch runs AVX-512 code, 32 with AVX2, so it is found
+# by packing a probe. (Blocks of fewer than B rows, at the tail, are laid out otherwise; such
+# weights are not unpacked.)
+_PACK_BLOCK_CANDIDATES = (64, 32, 16)
+
+
+def _decode_blocks(packed: torch.Tensor, n: int, k: int, block: int) -> torch.Tensor:
+    blocks = packed.reshape(n // block, k, block // 2)
+    return torch.cat([blocks & 0x0F, blocks >> 4], dim=2).transpose(1, 2).reshape(n, k)
+
+
+@functools.cache
+def _pack_block_n() -> int | None:
+    """The packing's row block on this CPU, or None if no known layout matches."""
+    n = max(_PACK_BLOCK_CANDIDATES)
+    q = torch.arange(n * INT4_GROUP, dtype=torch.int64).remainder(13).to(torch.uint8)
+    q = q.view(n, INT4_GROUP)
+    ones = torch.ones(n, 1)
+    packed, _ = pack_int4(Int4Weight(q, ones, torch.zeros(n, 1)), torch.float32)
+    for block in _PACK_BLOCK_CANDIDATES:
+        if torch.equal(_decode_blocks(packed, n, INT4_GROUP, block), q):
+            return block
+    return None
 
 
 def unpack_int4(packed: torch.Tensor, scales_and_zeros: torch.Tensor) -> torch.Tensor | None:
     """The float32 weight [N, K] that `pack_int4` packed (w = (q - 8) * scale + zero, with the
-    scales and zeros as the kernel holds them), or None when N is not a multiple of 64."""
+    scales and zeros as the kernel holds them), or None when N is not a multiple of the
+    packing's row block (or that layout is unknown)."""
     groups, n, _ = scales_and_zeros.shape
     k = groups * INT4_GROUP
-    if n % _PACK_BLOCK_N:
+    block = _pack_block_n()
+    if block is None or n % block:
         return None
-    blocks = packed.reshape(n // _PACK_BLOCK_N, k, _PACK_BLOCK_N // 2)
-    q = torch.cat([blocks & 0x0F, blocks >> 4], dim=2).transpose(1, 2).reshape(n, k)
+    q = _decode_blocks(packed, n, k, block)
     scale, zero = scales_and_zeros.float().permute(1, 0, 2).unbind(-1)  # [N, groups] each
     return Int4Weight(q, scale, zero).dequantize()
 

@@ -29,6 +29,7 @@ from torch import nn
 
 from inferengine.config import ModelConfig
 from inferengine.logger import init_logger
+from inferengine.model.layers.fp16_cpu import fp16_gemm_available
 from inferengine.model.layers.linear import (
     ColumnParallelLinear,
     QKVParallelLinear,
@@ -116,7 +117,9 @@ def install_int4_linears(
         return frozenset()
     reason = _why_dense(model_config)
     if reason is not None:
-        logger.info("GGUF weights dequantized to %s: %s", str(dtype).removeprefix("torch."), reason)
+        logger.info(
+            "GGUF weights not int4 (dense, %s): %s", str(dtype).removeprefix("torch."), reason
+        )
         return frozenset()
     source = GGUFSource(folder)
     layout = _layout(source.architecture)
@@ -215,6 +218,22 @@ def _why_dense(model_config: ModelConfig) -> str | None:
             "so dense weights are faster"
         )
     return None
+
+
+def wants_fp16_weights(model_config: ModelConfig, device: torch.device, dtype: torch.dtype) -> bool:
+    """A GGUF's weights load dense but then run through fbgemm's float16 GEMM
+    (`layers/fp16_cpu.py`): a converted GGUF on a CPU whose int4 kernel is slow, a float32
+    model on one rank, and neither --gguf-dequantize nor --quantization asked for."""
+    from inferengine.distributed.parallel_state import get_tp_size
+
+    folder = Path(model_config.model_path)
+    if device.type != "cpu" or model_config.load_format == "dummy" or not has_source(folder):
+        return False
+    if dtype != torch.float32 or get_tp_size() > 1:
+        return False
+    if model_config.gguf_dequantize or model_config.quantization is not None:
+        return False
+    return not int4_kernel_is_fast() and fp16_gemm_available()
 
 
 def _permuted_heads(hf_config: dict[str, Any]) -> dict[str, int]:

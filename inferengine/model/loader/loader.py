@@ -11,7 +11,11 @@ from inferengine.attention.backends.base import AttentionBackend
 from inferengine.config import ModelConfig
 from inferengine.logger import init_logger
 from inferengine.model.llama import ModelInit
-from inferengine.model.loader.gguf_int4 import install_int4_linears, skip_names
+from inferengine.model.loader.gguf_int4 import (
+    install_int4_linears,
+    skip_names,
+    wants_fp16_weights,
+)
 from inferengine.model.quantization.formats import fp8_checkpoint
 from inferengine.model.registry import resolve_model_class
 from inferengine.model.weights import init_dummy_weights, iterate_safetensors
@@ -59,6 +63,14 @@ def load_model(
         model.load_weights(weights)
     if fp8:
         fp8_layers.finish_loading(model)
+    if not fp8 and not int4 and wants_fp16_weights(model_config, device, dtype):
+        from inferengine.model.layers.fp16_cpu import pack_linears_fp16
+
+        logger.info(
+            "GGUF weights: %d linear layers as float16 under fbgemm's GEMM (float32 compute, "
+            "half the bytes of float32); --gguf-dequantize keeps them float32",
+            pack_linears_fp16(model),
+        )
     model.eval()
     logger.info(
         "loaded %s (%s%s, %s) in %.2f s",
