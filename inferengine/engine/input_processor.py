@@ -118,6 +118,14 @@ class InputProcessor:
                 "--max-model-len.",
                 param="prompt",
             )
+        not_ids = [t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool)]
+        if not_ids:
+            raise InvalidRequestError(
+                f"prompt token ids must be integers; got {type(not_ids[0]).__name__} "
+                f"{not_ids[0]!r}. Pass the tokenizer's ids (a list of int), or the text as a "
+                "prompt.",
+                param="prompt",
+            )
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise InvalidRequestError(

@@ -40,6 +40,13 @@ def test_token_ids_outside_vocabulary(llm):
         llm.generate("hello", SamplingParams(stop_token_ids=[999999]), use_tqdm=False)
 
 
+def test_token_ids_that_are_not_integers(llm):
+    # A chat template's BatchEncoding (Transformers 5) iterates as its keys, which are strings.
+    for ids in (["input_ids", "attention_mask"], [5, 6.0], [5, True]):
+        with pytest.raises(InvalidRequestError, match="prompt token ids must be integers"):
+            llm.generate({"prompt_token_ids": ids}, use_tqdm=False)
+
+
 def test_priority_without_priority_scheduling_is_refused(llm):
     """Under fcfs the scheduler never reads a priority: refused (as vLLM does), not ignored."""
     with pytest.raises(InvalidRequestError, match="priority 3 needs priority scheduling") as info:
