@@ -1,5 +1,7 @@
-"""Decode-step time on the CPU: a GGUF's weights int4 (the default) against dequantized bf16 and
-float32, one engine each, measured in turns so that a busy machine slows them alike.
+"""Decode-step time on the CPU: a GGUF's weights as the engine loads them by default (int4 where
+torch's int4 kernel has AVX-512 code, float16 under fbgemm's GEMM elsewhere on x86) against
+dequantized bf16 and float32, one engine each, measured in turns so that a busy machine slows
+them alike.
 
 Each measurement generates `--short` and `--long` tokens greedily (EOS ignored) for `batch`
 copies of one prompt and divides the time difference by the token difference: prefill and
@@ -22,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from result_folder import write_result_folder
 
 CONFIGS = {
-    "int4": {},  # the default: 4-bit weights, bf16 where the CPU has it
+    "default": {},  # int4 with AVX-512, else float16 packed for fbgemm (model/layers/fp16_cpu.py)
     "dense-bf16": {"gguf_dequantize": True, "dtype": "bfloat16"},
     "dense-float32": {"gguf_dequantize": True, "dtype": "float32"},
 }
@@ -40,6 +42,21 @@ def step_seconds(llm, prompt_ids: list[int], batch: int, short: int, long: int) 
         return time.perf_counter() - start
 
     return (run(long) - run(short)) / (long - short)
+
+
+def weight_kinds(llm) -> dict[str, int]:
+    """How many linear layers (and heads) hold each kind of weight: what `default` became."""
+    from collections import Counter
+
+    model = llm.llm_engine.core.executor.worker.runner.model
+    kinds: Counter[str] = Counter()
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            kinds[type(method).__name__] += 1
+        elif type(module).__name__.endswith("LMHead"):
+            kinds[type(module).__name__] += 1
+    return dict(kinds)
 
 
 def main() -> None:
@@ -79,6 +96,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "configs": {name: CONFIGS[name] for name in llms},
+        "weights": {name: weight_kinds(llm) for name, llm in llms.items()},
         "step_ms_median": {n: {b: s * 1e3 for b, s in by.items()} for n, by in median.items()},
         "step_ms_runs": {
             n: {b: [s * 1e3 for s in v] for b, v in by.items()} for n, by in runs.items()

@@ -105,30 +105,22 @@ def test_gguf_on_a_cpu_without_the_fast_int4_kernel_loads_float16_packed(
 def test_engine_greedy_tokens_match_the_float32_engine(tiny_llama, tmp_path, monkeypatch):
     """As users run it on an AVX2 CPU: greedy tokens equal the --gguf-dequantize engine's, or
     part where that run's top two were near-tied."""
-    from inferengine import LLM, SamplingParams
+    from inferengine import LLM
     from inferengine.model.loader import gguf_int4
-    from tests.model.loader.test_gguf_int4 import _tiny_gguf
+    from tests.model.loader.test_gguf_int4 import (
+        _tiny_gguf,
+        assert_equal_up_to_near_ties,
+        greedy_with_logprobs,
+    )
 
     monkeypatch.setattr(gguf_int4, "int4_kernel_is_fast", lambda: False)
     monkeypatch.setenv("INFERENGINE_CACHE_DIR", str(tmp_path / "cache"))
     path = str(_tiny_gguf(tiny_llama, tmp_path, "tied-llama3"))
-    prompts = [[1, 5, 9, 33, 70], [2, 100, 200, 17], [3] * 20]
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
     runs = {}
     for dequantize in (False, True):
         llm = LLM(path, dtype="float32", max_model_len=128, gguf_dequantize=dequantize)
         model = llm.llm_engine.core.executor.worker.runner.model
         assert bool(_fp16_modules(model)) is not dequantize
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        runs[dequantize] = [o.outputs[0] for o in outputs]
+        runs[dequantize] = greedy_with_logprobs(llm, max_tokens=12)
         del llm
-    for fp16, dense in zip(runs[False], runs[True], strict=True):
-        if list(fp16.token_ids) == list(dense.token_ids):
-            continue
-        at = next(
-            i
-            for i, (a, b) in enumerate(zip(fp16.token_ids, dense.token_ids, strict=True))
-            if a != b
-        )
-        top = sorted((lp.logprob for lp in dense.logprobs[at].values()), reverse=True)
-        assert top[0] - top[1] < 0.01, f"parted at {at} with a margin of {top[0] - top[1]}"
+    assert_equal_up_to_near_ties(runs[False], runs[True], margin=0.01)

@@ -250,29 +250,40 @@ def test_engine_int4_greedy_tokens_match_the_dequantized_engine(
 ):
     """The engine as users run it (activations enter the kernel in bf16): greedy tokens equal
     the dequantized engine's, or part where the dequantized run's top two were near-tied."""
-    from inferengine import LLM, SamplingParams
+    from inferengine import LLM
 
     monkeypatch.setattr(gguf_int4, "int4_kernel_is_fast", lambda: True)
     monkeypatch.setenv("INFERENGINE_CACHE_DIR", str(tmp_path / "cache"))
     path = str(_tiny_gguf(tiny_llama, tmp_path, "untied"))
-    prompts = [[1, 5, 9, 33, 70], [2, 100, 200, 17], [3] * 20]
-    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=2)
     runs = {}
     for dequantize in (False, True):
         llm = LLM(path, dtype=dtype, max_model_len=128, gguf_dequantize=dequantize)
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        runs[dequantize] = [o.outputs[0] for o in outputs]
+        runs[dequantize] = greedy_with_logprobs(llm, max_tokens=10)
         del llm
-    for int4, dense in zip(runs[False], runs[True], strict=True):
-        if list(int4.token_ids) == list(dense.token_ids):
+    assert_equal_up_to_near_ties(runs[False], runs[True], margin=0.05)
+
+
+def greedy_with_logprobs(llm, max_tokens: int) -> list:
+    """Three prompts' greedy completions (EOS ignored) with their top-two logprobs."""
+    from inferengine import SamplingParams
+
+    prompts = [[1, 5, 9, 33, 70], [2, 100, 200, 17], [3] * 20]
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=2)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [o.outputs[0] for o in outputs]
+
+
+def assert_equal_up_to_near_ties(runs: list, reference: list, margin: float) -> None:
+    """Each completion equals the reference's, or parts where the reference's top two logprobs
+    were within `margin`."""
+    for got, want in zip(runs, reference, strict=True):
+        if list(got.token_ids) == list(want.token_ids):
             continue
         at = next(
-            i
-            for i, (a, b) in enumerate(zip(int4.token_ids, dense.token_ids, strict=True))
-            if a != b
+            i for i, (a, b) in enumerate(zip(got.token_ids, want.token_ids, strict=True)) if a != b
         )
-        top = sorted((lp.logprob for lp in dense.logprobs[at].values()), reverse=True)
-        assert top[0] - top[1] < 0.05, f"parted at {at} with a margin of {top[0] - top[1]}"
+        top = sorted((lp.logprob for lp in want.logprobs[at].values()), reverse=True)
+        assert top[0] - top[1] < margin, f"parted at {at} with a margin of {top[0] - top[1]}"
 
 
 def test_int4_only_on_the_cpu(tiny_llama, tmp_path, monkeypatch):
