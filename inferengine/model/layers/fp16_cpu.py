@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inferengine.model.layers.linear import ColumnParallelLinear, RowParallelLinear
+from inferengine.model.layers.linear import UNQUANTIZED, ColumnParallelLinear, RowParallelLinear
+from inferengine.model.layers.vocab import ParallelLMHead
 
 
 def fp16_gemm_available() -> bool:
@@ -50,9 +51,8 @@ class Fp16PackedLinearMethod:
     weight parameter is dropped (the packed object is not a tensor, so the method keeps it)."""
 
     def __init__(self, layer: nn.Module):
-        weight = layer.weight
-        self.out_features, self.in_features = (int(n) for n in weight.shape)
-        self.packed = _pack(weight)
+        self.out_features = int(layer.weight.shape[0])
+        self.packed = _pack(layer.weight)
         del layer._parameters["weight"]
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -78,9 +78,6 @@ class Fp16PackedLMHead(nn.Module):
 def pack_linears_fp16(model: nn.Module) -> int:
     """Give every unquantized float32 linear layer of `model`, and its LM head, float16 packed
     weights; return how many layers took them."""
-    from inferengine.model.layers.linear import UNQUANTIZED
-    from inferengine.model.layers.vocab import ParallelLMHead
-
     count = 0
     for module in model.modules():
         if (
