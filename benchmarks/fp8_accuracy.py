@@ -33,6 +33,7 @@ from result_folder import write_result_folder
 from inferengine.attention.metadata import AttentionMetadata
 from inferengine.attention.selector import get_attention_backend
 from inferengine.engine.arg_utils import EngineArgs
+from inferengine.kernels.fp8_gemm import FP8_DTYPE, dequantize_rows
 from inferengine.model.loader.loader import TORCH_DTYPES, load_model
 from inferengine.model.quantization.compare import (
     agreement_by_margin,
@@ -114,20 +115,33 @@ def model_config(args: argparse.Namespace, quantization: str | None, dtype: str 
 
 
 def load_all(args: argparse.Namespace, device: torch.device) -> tuple[dict, dict]:
-    """(name -> model config, name -> model): the reference, FP8, and with --fp32-floor a
-    float32 copy of the reference's very weights (how far mere rounding moves the argmax)."""
-    configs = {"reference": model_config(args, None), "fp8": model_config(args, "fp8")}
+    """(name -> model config, name -> model): the reference, FP8, `fp8-grid` (the reference
+    with each weight that FP8 quantizes replaced by its FP8 value, multiplied in 16 bits: what
+    the quantization alone costs, without our kernels or activation quantization), and with
+    --fp32-floor a float32 copy of the reference's very weights (how far mere rounding moves
+    the argmax)."""
+    configs = {
+        "reference": model_config(args, None),
+        "fp8": model_config(args, "fp8"),
+        "fp8-grid": model_config(args, None),
+    }
     if args.fp32_floor:
         configs["float32"] = model_config(args, None, "float32")
     backend = get_attention_backend("auto", device.type)
     models = {name: load_model(c, device, backend) for name, c in configs.items()}
-    if "float32" in models:
-        with torch.no_grad():
+    with torch.no_grad():
+        if "float32" in models:
             pairs = zip(
                 models["float32"].parameters(), models["reference"].parameters(), strict=True
             )
             for mine, reference in pairs:
                 mine.copy_(reference)
+        fp8 = dict(models["fp8"].named_parameters())
+        grid = dict(models["fp8-grid"].named_parameters())
+        for name, weight in fp8.items():
+            if weight.dtype == FP8_DTYPE:
+                scale = fp8[name.removesuffix("weight") + "weight_scale"]
+                grid[name].copy_(dequantize_rows(weight, scale, grid[name].dtype))
     return configs, models
 
 
@@ -142,16 +156,20 @@ def measure(args: argparse.Namespace) -> dict:
     prompts = torch.randint(0, reference.vocab_size, shape, generator=g).tolist()
     batch = Batch(args.prompts, args.prompt_len + args.decode_steps, device)
     caches = {name: batch.caches(c, TORCH_DTYPES[c.dtype]) for name, c in configs.items()}
-    candidates = [name for name in models if name != "reference"]
+    # (row name, reference model, candidate model); "kernels" isolates our FP8 kernels'
+    # (and activation quantization's) error from the weights' rounding.
+    pairs = [(name, "reference", name) for name in models if name != "reference"]
+    pairs.append(("kernels", "fp8-grid", "fp8"))
+    candidates = [name for name, _, _ in pairs]
     rows: dict[tuple[str, str], list] = {}
 
     def run(inputs: tuple, phase: str) -> torch.Tensor:
-        """The reference's logits; each candidate's comparison with them recorded."""
-        ref = logits(models["reference"], caches["reference"], inputs)
-        for name in candidates:
-            stats = position_stats(ref, logits(models[name], caches[name], inputs))
-            rows.setdefault((name, phase), []).append([t.cpu() for t in stats])
-        return ref
+        """The reference's logits; each pair's comparison recorded."""
+        out = {name: logits(models[name], caches[name], inputs) for name in models}
+        for row, ref_name, cand_name in pairs:
+            stats = position_stats(out[ref_name], out[cand_name])
+            rows.setdefault((row, phase), []).append([t.cpu() for t in stats])
+        return out["reference"]
 
     last = []
     per_forward = max(1, PREFILL_TOKENS // args.prompt_len)
@@ -178,6 +196,7 @@ def measure(args: argparse.Namespace) -> dict:
         "seed": args.seed,
         "load_s": load_s,
     }
+    results["pairs"] = {row: [ref, cand] for row, ref, cand in pairs}
     for name in candidates:
         phases = {p: [torch.cat(c) for c in zip(*rows[(name, p)], strict=True)] for p in PHASES}
         every = [torch.cat(parts) for parts in zip(*phases.values(), strict=True)]
@@ -205,7 +224,7 @@ def main() -> None:
     parser.add_argument("--out-dir", default=None)
     args = parser.parse_args()
     results = measure(args)
-    for name in ("fp8", "float32"):
+    for name in results["pairs"]:
         for part in (*PHASES, "all") if name in results else ():
             r = results[name][part]
             print(

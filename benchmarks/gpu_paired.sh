@@ -6,7 +6,9 @@
 # --max-model-len 2048, K:json round K of the JSON-schema workloads and their plain twins (vLLM
 # with its default structured-output backend, xgrammar, for these schemas) at 2048,
 # K:json16 only the concurrency-16 pair of those (half the time),
-# K:long round K of long-prompt against servers at 8192, K:moe round K of W1 and concurrency
+# K:long round K of long-prompt against servers at 8192, K:fp8 round K of w1, batch1 and c256
+# with both servers at `--quantization fp8 --kv-cache-dtype fp8`, K:fp8-self our FP8 server
+# against our bf16 one (batch 1 and concurrency 256; vLLM only judges), K:moe round K of W1 and concurrency
 # 64 on the Qwen3-30B-A3B shape (61 GB of bf16 weights, so both servers at 0.92 of the GPU;
 # split the items over calls so that each stays within the device's 10 minutes); `vllm bench
 # serve` judges.
@@ -25,7 +27,7 @@
 #   carry .peerM: mkdir -p /tmp/vllm-parts && cp .peerM/moe.so.xz /tmp/vllm-parts/
 # and gpu_peer_site.sh puts it back in vLLM's site.
 set -u
-[ $# -gt 0 ] || { echo "usage: gpu_paired.sh ROUND:short|ROUND:json|ROUND:long|ROUND:moe ... | prepare-moe" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: gpu_paired.sh ROUND:short|ROUND:json|ROUND:long|ROUND:fp8|ROUND:fp8-self|ROUND:moe ... | prepare-moe" >&2; exit 2; }
 if [ "$1" = prepare-moe ]; then  # here, not on the host: vLLM's MoE extension from its wheel
   set -e; w=$(mktemp -d); mkdir -p .peerM
   grep -qx "/.peerM/" .git/info/exclude || echo "/.peerM/" >> .git/info/exclude
@@ -39,11 +41,12 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 . benchmarks/gpu_peer_site.sh
 S=$(date -u +%Y%m%dT%H%M%SZ)
 ie() { python3 -m inferengine.entrypoints.cli.main "$@"; }
-run_set() {  # round, name, max-model-len, paired args... (MODEL and UTIL from the caller)
+run_set() {  # round, name, max-model-len, paired args... (MODEL, UTIL, QUANT from the caller)
   local round=$1 name=$2 len=$3 model=${MODEL:-qwen2.5-7b} util=${UTIL:-0.82}; shift 3
-  local d=/tmp/pr/$S-$name-r$round
-  local ie_sys="inferengine=preset:inferengine --load-format dummy --gpu-memory-utilization $util --disable-log-requests"
-  local vl_sys="vllm=preset:vllm --load-format dummy --dtype bfloat16 --gpu-memory-utilization $util"
+  local d=/tmp/pr/$S-$name-r$round q=${QUANT:-}
+  local ie_sys="inferengine=preset:inferengine --load-format dummy --gpu-memory-utilization $util --disable-log-requests $q"
+  local vl_sys="vllm=preset:vllm --load-format dummy --dtype bfloat16 --gpu-memory-utilization $util $q"
+  [ "${SELF:-}" = 1 ] && vl_sys="bf16=preset:inferengine --load-format dummy --gpu-memory-utilization $util --disable-log-requests"
   ie bench paired --system "$ie_sys --max-model-len $len" --system "$vl_sys --max-model-len $len" \
     --model-dir "configs/$model" --served-model-name "$model" --disable-tqdm --repeats 1 \
     --judge vllm --revision "${GIT_REV:-unknown}" \
@@ -63,7 +66,12 @@ for item in "$@"; do
     json16) run_set "${item%%:*}" json-paired 2048 --workload json-c16-plain --workload json-c16 \
       --gate 'json-c16:output_throughput>=1.0';;
     long) run_set "${item%%:*}" long-prompt-paired 8192 --workload long-prompt;;
+    fp8) QUANT="--quantization fp8 --kv-cache-dtype fp8" run_set "${item%%:*}" fp8-paired 2048 \
+      --workload w1 --workload batch1 --workload c256 \
+      --gate 'w1:output_throughput>=1.05' --gate 'c256:output_throughput>=1.05';;
+    fp8-self) SELF=1 QUANT="--quantization fp8 --kv-cache-dtype fp8" run_set "${item%%:*}" \
+      fp8-vs-bf16 2048 --workload batch1 --workload c256;;
     moe) MODEL=qwen3-30b-a3b UTIL=0.92 run_set "${item%%:*}" moe-paired 2048 --workload w1 --workload c64;;
-    *) echo "unknown item $item: write ROUND:short, ROUND:json, ROUND:long or ROUND:moe" >&2; exit 2;;
+    *) echo "unknown item $item: write ROUND:short, ROUND:json, ROUND:long, ROUND:fp8, ROUND:fp8-self or ROUND:moe" >&2; exit 2;;
   esac
 done
