@@ -16,6 +16,12 @@ if [ ! -d /tmp/vllm-site/lmformatenforcer ] && ls .whl/lm_format_enforcer-* >/de
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/vllm-site \
     .whl/lm_format_enforcer-* .whl/interegular-* || exit 1
 fi
+# vLLM's `--quantization` imports compressed-tensors (and it loguru), which the stripped site
+# lacks: carry .whl with `pip download --no-deps compressed-tensors==0.17.0 loguru -d .whl`.
+if [ ! -d /tmp/vllm-site/compressed_tensors ] && ls .whl/compressed_tensors-* >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/vllm-site \
+    .whl/compressed_tensors-* .whl/loguru-* || exit 1
+fi
 if [ ! -d /tmp/site/llguidance ]; then  # our structured output (a dependency of ours)
   g=$(ls .whl/llguidance-* 2>/dev/null || ls .peer2/w/llguidance-*)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $g || exit 1
