@@ -6,6 +6,9 @@ token, which is counted), so an untied embedding is left out; a tied one is read
 Dense decoder configs (Llama, Mistral, Qwen2, Qwen3) only; others give None with the reason.
 Under tensor parallelism the floor is one rank's: its slice of every projection, of the LM head
 and of the KV heads (each rank keeps at least one), norms whole, all ranks reading at once.
+With FP8 weights (`--quantization fp8`) the attention and MLP projections count one byte a
+weight plus a float32 scale per output row (the LM head, norms and biases stay 16-bit); with
+an fp8 KV cache (`--kv-cache-dtype fp8*`) a cached element counts one byte.
 """
 
 from __future__ import annotations
@@ -30,7 +33,13 @@ class DecodeBytes:
 
 
 def decode_step_bytes(
-    config: dict, batch: int, context_len: float, dtype_bytes: int = 2, tp: int = 1
+    config: dict,
+    batch: int,
+    context_len: float,
+    dtype_bytes: int = 2,
+    tp: int = 1,
+    fp8_weights: bool = False,
+    fp8_kv: bool = False,
 ) -> DecodeBytes:
     """Bytes one rank of `tp` reads in a decode step of `batch` sequences of `context_len`."""
     model_type = config.get("model_type")
@@ -41,18 +50,24 @@ def decode_step_bytes(
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or h // heads
     q, kv = heads // tp * head_dim, max(kv_heads // tp, 1) * head_dim
-    attention = h * q + 2 * h * kv + q * h
+    inter = -(-config["intermediate_size"] // tp)
+    projections = h * q + 2 * h * kv + q * h + 3 * h * inter
+    output_rows = q + 2 * kv + h + 2 * inter + h  # qkv, o, gate_up, down
+    other = 2 * h  # two RMS norms
     if model_type == "qwen2" or config.get("attention_bias"):
-        attention += q + 2 * kv
+        other += q + 2 * kv
     if model_type == "qwen3":
-        attention += 2 * head_dim  # q and k norms
-    mlp = 3 * h * -(-config["intermediate_size"] // tp)
-    layer = attention + mlp + 2 * h  # two RMS norms
-    params = config["num_hidden_layers"] * layer + h + -(-config["vocab_size"] // tp) * h
-    kv_per_token = config["num_hidden_layers"] * 2 * kv
+        other += 2 * head_dim  # q and k norms
+    layers = config["num_hidden_layers"]
+    if fp8_weights:
+        layer_bytes = projections + 4 * output_rows + other * dtype_bytes
+    else:
+        layer_bytes = (projections + other) * dtype_bytes
+    head = (h + -(-config["vocab_size"] // tp) * h) * dtype_bytes  # final norm and LM head
+    kv_per_token = layers * 2 * kv
     return DecodeBytes(
-        weights=params * dtype_bytes,
-        kv_cache=round(batch * context_len * kv_per_token * dtype_bytes),
+        weights=layers * layer_bytes + head,
+        kv_cache=round(batch * context_len * kv_per_token * (1 if fp8_kv else dtype_bytes)),
         embedding_rows=batch * h * dtype_bytes,
     )
 
@@ -63,6 +78,8 @@ def batch1_floor(
     output_len: float,
     copy_gbps: float | None,
     tp: int = 1,
+    fp8_weights: bool = False,
+    fp8_kv: bool = False,
 ) -> dict:
     """The floor of a batch-1 decode step at the mean context (prompt + half the output), on
     one rank of `tp` (each rank reading its slice at `copy_gbps`)."""
@@ -77,7 +94,8 @@ def batch1_floor(
         config = text_only_config(config)  # a multimodal Gemma 3's text settings
         dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
         context = input_len + output_len / 2
-        counted = decode_step_bytes(config, 1, context, DTYPE_BYTES.get(str(dtype), 2), tp)
+        dtype_bytes = DTYPE_BYTES.get(str(dtype), 2)
+        counted = decode_step_bytes(config, 1, context, dtype_bytes, tp, fp8_weights, fp8_kv)
     except (OSError, ValueError, KeyError) as e:
         return {"floor_ms": None, "reason": f"{type(e).__name__}: {e}"}
     return {
@@ -86,5 +104,7 @@ def batch1_floor(
         "context_len": context,
         "copy_gbps": copy_gbps,
         "tensor_parallel_size": tp,
+        "fp8_weights": fp8_weights,
+        "fp8_kv_cache": fp8_kv,
         "counts": "a rank's layers, final norm and LM head, KV of the context, an embedding row",
     }

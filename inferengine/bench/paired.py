@@ -420,18 +420,41 @@ def floor_entry(
     sizes = {tensor_parallel_size(spec.command) for spec in cfg.systems}
     if len(sizes) > 1:
         return {"floor_ms": None, "reason": "the systems run different tensor-parallel sizes"}
+    formats = {fp8_formats(spec.command) for spec in cfg.systems}
+    if len(formats) > 1:
+        return {"floor_ms": None, "reason": "the systems store weights or KV in different formats"}
+    fp8_weights, fp8_kv = formats.pop() if formats else (False, False)
     floor = batch1_floor(
         cfg.model_dir,
         d.random_prefix_len + d.random_input_len,
         d.random_output_len,
         bandwidth,
         tp=sizes.pop() if sizes else 1,
+        fp8_weights=fp8_weights,
+        fp8_kv=fp8_kv,
     )
     over = {}
     for name, system in entry["systems"].items():
         tpot = system["spread"].get("median_tpot_ms", {}).get("median")
         over[name] = tpot / floor["floor_ms"] if tpot and floor.get("floor_ms") else None
     return {**floor, "tpot_over_floor": over}
+
+
+def _flag(command: str | None, names: tuple[str, ...]) -> str | None:
+    """The value a server command line gives one of `names` (`--x v` or `--x=v`), else None."""
+    words = shlex.split(command or "")
+    for i, word in enumerate(words):
+        name, eq, value = word.partition("=")
+        if name in names:
+            return value if eq else (words[i + 1] if i + 1 < len(words) else "")
+    return None
+
+
+def fp8_formats(command: str | None) -> tuple[bool, bool]:
+    """(FP8 weights, fp8 KV cache) as a server command line asks for them."""
+    quantization = _flag(command, ("--quantization", "-q")) or ""
+    kv_dtype = _flag(command, ("--kv-cache-dtype",)) or ""
+    return quantization == "fp8", kv_dtype.startswith("fp8")
 
 
 def tensor_parallel_size(command: str | None) -> int:

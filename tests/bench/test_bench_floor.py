@@ -101,3 +101,46 @@ def test_tensor_parallel_size_read_from_the_server_command(command, size):
     from inferengine.bench.paired import tensor_parallel_size
 
     assert tensor_parallel_size(command) == size
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_fp8_weights_count_a_byte_a_projection_weight_and_a_scale_a_row(model_type):
+    """FP8 quantizes the attention and MLP projections (one byte a weight, a float32 scale per
+    output row); biases, norms and the LM head stay 16-bit. Counted from Transformers' modules."""
+    import transformers
+
+    config = {"model_type": model_type, **TINY, "tie_word_embeddings": False}
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**config)
+    )
+    projections = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    expected = 0
+    for name, p in model.named_parameters():
+        if name == "model.embed_tokens.weight":
+            continue
+        quantized = name.endswith(".weight") and name.split(".")[-2] in projections
+        expected += p.numel() + 4 * p.shape[0] if quantized else 2 * p.numel()
+    counted = decode_step_bytes(config, 1, 0, 2, fp8_weights=True)
+    assert counted.weights == expected
+
+
+def test_fp8_kv_cache_counts_a_byte_an_element():
+    config = {"model_type": "llama", **TINY}
+    full = decode_step_bytes(config, 2, 100, 2)
+    fp8 = decode_step_bytes(config, 2, 100, 2, fp8_kv=True)
+    assert fp8.kv_cache * 2 == full.kv_cache and fp8.weights == full.weights
+
+
+def test_paired_floor_reads_the_formats_from_the_server_commands():
+    from inferengine.bench.paired import fp8_formats
+
+    assert fp8_formats("serve m --quantization fp8 --kv-cache-dtype fp8") == (True, True)
+    assert fp8_formats("serve m --quantization=fp8 --kv-cache-dtype=fp8_e5m2") == (True, True)
+    assert fp8_formats("serve m --kv-cache-dtype auto") == (False, False)
+    assert fp8_formats(None) == (False, False)
+    qwen = json.loads((QWEN / "config.json").read_text())
+    bf16 = batch1_floor(QWEN, 256, 128, copy_gbps=3000.0)
+    fp8 = batch1_floor(QWEN, 256, 128, copy_gbps=3000.0, fp8_weights=True, fp8_kv=True)
+    head = qwen["vocab_size"] * qwen["hidden_size"] * 2
+    # the projections halve; the 1.09 GB LM head does not
+    assert fp8["bytes"]["weights"] == pytest.approx((bf16["bytes"]["weights"] + head) / 2, rel=0.01)
