@@ -5,7 +5,8 @@ For each workload it takes the newest revision that `bench paired` measured it a
 every run at that revision (all rounds, from every folder), the median and the range, and the
 ratio of the medians; the batch-1 bandwidth floor, ready times and the GPU's busy share come
 from the same folders, the CPU figures from every `*-offline-cpu` folder of the newest revision.
-That table is InferEngine against vLLM (folders whose systems are exactly those two); the
+That table is InferEngine against vLLM (folders whose systems are exactly those two), one per
+model shape and per weight format (bf16, or FP8 when both servers ran `--quantization fp8`); the
 speculative-decoding section gets its own table, every `*-spec-*` run with its revision.
 
     python benchmarks/readme_performance.py           # rewrite the section in README.md
@@ -21,6 +22,8 @@ import statistics
 import sys
 from datetime import datetime
 from pathlib import Path
+
+from inferengine.bench.paired import fp8_formats
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -40,6 +43,10 @@ ROWS = (
     ("median_tpot_ms", "median TPOT, ms", "{:.2f}"),
 )
 NAMES = {"inferengine": "InferEngine", "vllm": "vLLM"}
+WEIGHTS = {
+    "bf16": "bf16",
+    "fp8": "FP8 weights and KV cache (`--quantization fp8 --kv-cache-dtype fp8` for both)",
+}
 # Each model's folders make a table of their own, the main model's first; model dir -> (the
 # shape as the README names it, the --gpu-memory-utilization both servers ran with, how many
 # GPUs each server spanned).
@@ -157,7 +164,7 @@ def metric_values(runs: list[dict], metric: str) -> list[float]:
     return [r["metrics"][metric] for r in runs if r["metrics"].get(metric) is not None]
 
 
-def paired_section(paired: list[tuple[str, dict]]) -> list[str]:
+def paired_section(paired: list[tuple[str, dict]], weights: str = "bf16") -> list[str]:
     workloads = [w for w in WORKLOAD_ORDER if newest_runs(paired, w)[0]]
     workloads += sorted(
         {w for _, s in paired for w in s["workloads"]} - set(workloads) - {"custom"}
@@ -172,7 +179,7 @@ def paired_section(paired: list[tuple[str, dict]]) -> list[str]:
     ]
     lines = [
         f"`inferengine bench paired` with `{first['judge']}` ({first['judge_version']}) as the "
-        f"judge, on {gpus} {gpu_name(first)}{'s' if gpus != 'one' else ''}, {shape} (`{first['model_dir']}`), bf16, "
+        f"judge, on {gpus} {gpu_name(first)}{'s' if gpus != 'one' else ''}, {shape} (`{first['model_dir']}`), {WEIGHTS[weights]}, "
         f"dummy weights, `--gpu-memory-utilization {utilization}`, the same prompts, seed and warm-up "
         "requests for both; the launch order alternates between rounds "
         "(`benchmarks/gpu_paired.sh`). Each cell: the **median** of the rounds, then every "
@@ -351,14 +358,21 @@ def gpu_name(summary: dict) -> str:
     return f"**{match.group(1)}**" if match else "GPU (name not recorded)"
 
 
+def precision(summary: dict) -> str:
+    """ "fp8" when every server ran `--quantization fp8` (an FP8 table of its own), else "bf16"."""
+    commands = [launch.get("command") for launch in summary.get("launches", [])]
+    if commands and all(fp8_formats(c)[0] for c in commands):
+        return "fp8"
+    return "bf16"
+
+
 def render(results: Path = RESULTS) -> str:
     paired = [(n, s) for n, s in load_paired(results) if s["systems"] == VERSUS]
-    by_model: dict[str, list[tuple[str, dict]]] = {}
+    by_table: dict[tuple[str, str], list[tuple[str, dict]]] = {}
     for name, summary in paired:
-        by_model.setdefault(summary["model_dir"], []).append((name, summary))
-    tables = [
-        paired_section(by_model[m]) for m in sorted(by_model, key=lambda m: (m != MAIN_MODEL, m))
-    ]
+        by_table.setdefault((summary["model_dir"], precision(summary)), []).append((name, summary))
+    order = sorted(by_table, key=lambda key: (key[0] != MAIN_MODEL, key[0], key[1] != "bf16"))
+    tables = [paired_section(by_table[key], key[1]) for key in order]
     tables = tables or [paired_section([])]
     body = [BEGIN, *[line for i, t in enumerate(tables) for line in ([""] if i else []) + t]]
     return "\n".join([*body, *cpu_lines(results), END])
