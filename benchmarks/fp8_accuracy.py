@@ -15,7 +15,11 @@ issue's bar is argmax agreement >= 0.99. Writes `benchmarks/results/<UTC stamp>-
 Random (dummy) weights leave most next-token choices near ties (top-two margins of a few
 hundredths of a nat), which any rounding flips; so agreement is also reported over the
 positions whose reference margin is at least 0.05 ... 0.5 nats, and --fp32-floor compares a
-float32 copy of the reference too, the floor that bf16 rounding alone sets.
+float32 copy of the reference too, the floor that bf16 rounding alone sets. `fp8-grid` is the
+reference with its FP8-quantized weights rounded to their FP8 values (what the weights' rounding
+alone costs), and `kernels` compares FP8 with it (what our kernels and the activation
+quantization add). Real weights: --model a GGUF file or folder with --load-format auto; on the
+CPU, --emulate-cuda runs the CUDA paths' arithmetic in the torch reference.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ from result_folder import write_result_folder
 from inferengine.attention.metadata import AttentionMetadata
 from inferengine.attention.selector import get_attention_backend
 from inferengine.engine.arg_utils import EngineArgs
+from inferengine.kernels import fp8_gemm
 from inferengine.kernels.fp8_gemm import FP8_DTYPE, dequantize_rows
 from inferengine.model.loader.loader import TORCH_DTYPES, load_model
+from inferengine.model.quantization import fp8 as fp8_method
 from inferengine.model.quantization.compare import (
     agreement_by_margin,
     position_stats,
@@ -110,6 +116,7 @@ def model_config(args: argparse.Namespace, quantization: str | None, dtype: str 
         max_model_len=args.prompt_len + args.decode_steps,
         quantization=quantization,
         seed=args.seed,
+        gguf_dequantize=True,  # a GGUF's weights dense in every model, as FP8 quantizes them
     )
     return engine_args.create_engine_config().model_config
 
@@ -131,11 +138,9 @@ def load_all(args: argparse.Namespace, device: torch.device) -> tuple[dict, dict
     models = {name: load_model(c, device, backend) for name, c in configs.items()}
     with torch.no_grad():
         if "float32" in models:
-            pairs = zip(
-                models["float32"].parameters(), models["reference"].parameters(), strict=True
-            )
-            for mine, reference in pairs:
-                mine.copy_(reference)
+            reference = dict(models["reference"].named_parameters())
+            for name, mine in models["float32"].named_parameters():
+                mine.copy_(reference[name])
         fp8 = dict(models["fp8"].named_parameters())
         grid = dict(models["fp8-grid"].named_parameters())
         for name, weight in fp8.items():
@@ -145,8 +150,22 @@ def load_all(args: argparse.Namespace, device: torch.device) -> tuple[dict, dict
     return configs, models
 
 
+def emulate_cuda_paths() -> None:
+    """Off CUDA, FP8 layers multiply as the CUDA paths do, in the torch reference: W8A16 up to
+    `fp8_gemm.use_w8a16`'s M, above it activations quantized per token (W8A8)."""
+
+    def linear(x, weight, weight_scale, bias=None):
+        n, k = weight.shape
+        w8a8 = not fp8_gemm.use_w8a16(x.numel() // k, n, k)
+        return fp8_gemm.fp8_linear_ref(x, weight, weight_scale, bias, quantize_input=w8a8)
+
+    fp8_method.fp8_linear = linear
+
+
 def measure(args: argparse.Namespace) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.emulate_cuda and device.type != "cuda":
+        emulate_cuda_paths()
     started = time.perf_counter()
     configs, models = load_all(args, device)
     load_s = time.perf_counter() - started
@@ -195,6 +214,7 @@ def measure(args: argparse.Namespace) -> dict:
         "decode_steps": args.decode_steps,
         "seed": args.seed,
         "load_s": load_s,
+        "emulated_cuda_paths": bool(args.emulate_cuda and device.type != "cuda"),
     }
     results["pairs"] = {row: [ref, cand] for row, ref, cand in pairs}
     for name in candidates:
@@ -220,6 +240,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--fp32-floor", action="store_true", help="also compare a float32 copy of the reference"
+    )
+    parser.add_argument(
+        "--emulate-cuda",
+        action="store_true",
+        help="off CUDA, quantize activations per token above the W8A16 M as CUDA does",
     )
     parser.add_argument("--out-dir", default=None)
     args = parser.parse_args()
