@@ -6,16 +6,21 @@ token, which is counted), so an untied embedding is left out; a tied one is read
 Dense decoder configs (Llama, Mistral, Qwen2, Qwen3) only; others give None with the reason.
 Under tensor parallelism the floor is one rank's: its slice of every projection, of the LM head
 and of the KV heads (each rank keeps at least one), norms whole, all ranks reading at once.
-With FP8 weights (`--quantization fp8`) the attention and MLP projections count one byte a
-weight plus a float32 scale per output row (the LM head, norms and biases stay 16-bit); with
-an fp8 KV cache (`--kv-cache-dtype fp8*`) a cached element counts one byte.
+With FP8 weights (`--quantization fp8`, or an FP8 checkpoint) the attention and MLP
+projections count one byte a weight plus a float32 scale per output row (the LM head, norms and
+biases stay in the model dtype); with an fp8 KV cache (`--kv-cache-dtype fp8*`) a cached element
+counts one byte.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from inferengine.errors import ConfigError
+from inferengine.model.quantization.formats import fp8_checkpoint
 
 DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -55,7 +60,11 @@ def decode_step_bytes(
     output_rows = q + 2 * kv + h + 2 * inter + h  # qkv, o, gate_up, down
     other = 2 * h  # two RMS norms
     if model_type == "qwen2" or config.get("attention_bias"):
-        other += q + 2 * kv
+        other += q + 2 * kv  # q, k and v biases
+    if model_type != "qwen2" and config.get("attention_bias"):
+        other += h  # o_proj's bias (Qwen2 has none)
+    if config.get("mlp_bias"):
+        other += 2 * inter + h
     if model_type == "qwen3":
         other += 2 * head_dim  # q and k norms
     layers = config["num_hidden_layers"]
@@ -108,3 +117,31 @@ def batch1_floor(
         "fp8_kv_cache": fp8_kv,
         "counts": "a rank's layers, final norm and LM head, KV of the context, an embedding row",
     }
+
+
+def server_flag(command: str | None, names: tuple[str, ...]) -> str | None:
+    """The value a server command line gives a flag (`--x v` or `--x=v`; the last one wins, as
+    with argparse), else None."""
+    found = None
+    words = shlex.split(command or "")
+    for i, word in enumerate(words):
+        name, eq, value = word.partition("=")
+        if name in names:
+            found = value if eq else (words[i + 1] if i + 1 < len(words) else "")
+    return found
+
+
+def fp8_formats(command: str | None, model_dir: str | Path | None = None) -> tuple[bool, bool]:
+    """(FP8 weights, fp8 KV cache) of a server: from its `--quantization` and `--kv-cache-dtype`
+    flags, and without the first, from an FP8 checkpoint's `quantization_config` in
+    `model_dir`. Defaults set through environment variables are not seen."""
+    quantization = (server_flag(command, ("--quantization", "-q")) or "").lower()
+    kv_dtype = (server_flag(command, ("--kv-cache-dtype",)) or "").lower()
+    weights = quantization == "fp8"
+    if not quantization and model_dir is not None:
+        try:
+            config = json.loads(Path(model_dir, "config.json").read_text(encoding="utf-8"))
+            weights = fp8_checkpoint(config) is not None
+        except (OSError, ValueError, ConfigError):
+            weights = False
+    return weights, kv_dtype.startswith("fp8")

@@ -33,7 +33,7 @@ from inferengine.bench.compact import compact_result, trim_log
 from inferengine.bench.config import ServeConfig, WorkloadConfig
 from inferengine.bench.datasets import SampleRequest, load_tokenizer, sample_requests
 from inferengine.bench.environment import environment_text, git_revision, vllm_version
-from inferengine.bench.floor import batch1_floor
+from inferengine.bench.floor import batch1_floor, fp8_formats, server_flag
 from inferengine.bench.gates import Gate
 from inferengine.bench.gpu_trace import DEFAULT_INTERVAL_S, GpuTrace, describe_gpus
 from inferengine.bench.runner import fetch_first_model, jsonable, new_session, run_serve
@@ -420,7 +420,7 @@ def floor_entry(
     sizes = {tensor_parallel_size(spec.command) for spec in cfg.systems}
     if len(sizes) > 1:
         return {"floor_ms": None, "reason": "the systems run different tensor-parallel sizes"}
-    formats = {fp8_formats(spec.command) for spec in cfg.systems}
+    formats = {fp8_formats(spec.command, cfg.model_dir) for spec in cfg.systems}
     if len(formats) > 1:
         return {"floor_ms": None, "reason": "the systems store weights or KV in different formats"}
     fp8_weights, fp8_kv = formats.pop() if formats else (False, False)
@@ -440,29 +440,7 @@ def floor_entry(
     return {**floor, "tpot_over_floor": over}
 
 
-def _flag(command: str | None, names: tuple[str, ...]) -> str | None:
-    """The value a server command line gives one of `names` (`--x v` or `--x=v`), else None."""
-    words = shlex.split(command or "")
-    for i, word in enumerate(words):
-        name, eq, value = word.partition("=")
-        if name in names:
-            return value if eq else (words[i + 1] if i + 1 < len(words) else "")
-    return None
-
-
-def fp8_formats(command: str | None) -> tuple[bool, bool]:
-    """(FP8 weights, fp8 KV cache) as a server command line asks for them."""
-    quantization = _flag(command, ("--quantization", "-q")) or ""
-    kv_dtype = _flag(command, ("--kv-cache-dtype",)) or ""
-    return quantization == "fp8", kv_dtype.startswith("fp8")
-
-
 def tensor_parallel_size(command: str | None) -> int:
     """The `--tensor-parallel-size` (or `-tp`) a server command line asks for; 1 without one."""
-    words = shlex.split(command or "")
-    for i, word in enumerate(words):
-        name, _, value = word.partition("=")
-        if name in ("--tensor-parallel-size", "-tp"):
-            value = value or (words[i + 1] if i + 1 < len(words) else "")
-            return int(value) if value.isdigit() else 1
-    return 1
+    value = server_flag(command, ("--tensor-parallel-size", "-tp")) or ""
+    return int(value) if value.isdigit() else 1

@@ -30,6 +30,8 @@ TINY = {
         ("mistral", {"sliding_window": 32}),
         ("qwen2", {"tie_word_embeddings": False}),
         ("qwen3", {"head_dim": 32, "tie_word_embeddings": False}),
+        ("llama", {"attention_bias": True, "mlp_bias": True}),
+        ("qwen3", {"head_dim": 32, "attention_bias": True}),
     ],
 )
 def test_weight_bytes_are_transformers_parameters_minus_the_input_embedding(model_type, extra):
@@ -103,20 +105,28 @@ def test_tensor_parallel_size_read_from_the_server_command(command, size):
     assert tensor_parallel_size(command) == size
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
-def test_fp8_weights_count_a_byte_a_projection_weight_and_a_scale_a_row(model_type):
+@pytest.mark.parametrize(
+    ("model_type", "extra"),
+    [
+        ("llama", {"tie_word_embeddings": False}),
+        ("llama", {"tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True}),
+        ("qwen2", {"tie_word_embeddings": False}),
+        ("qwen3", {"head_dim": 32, "tie_word_embeddings": False}),
+    ],
+)
+def test_fp8_weights_count_a_byte_a_projection_weight_and_a_scale_a_row(model_type, extra):
     """FP8 quantizes the attention and MLP projections (one byte a weight, a float32 scale per
     output row); biases, norms and the LM head stay 16-bit. Counted from Transformers' modules."""
     import transformers
 
-    config = {"model_type": model_type, **TINY, "tie_word_embeddings": False}
+    config = {"model_type": model_type, **TINY, **extra}
     model = transformers.AutoModelForCausalLM.from_config(
         transformers.AutoConfig.for_model(**config)
     )
     projections = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     expected = 0
-    for name, p in model.named_parameters():
-        if name == "model.embed_tokens.weight":
+    for name, p in model.named_parameters():  # a tied head is listed once, as the embedding
+        if name == "model.embed_tokens.weight" and not extra.get("tie_word_embeddings"):
             continue
         quantized = name.endswith(".weight") and name.split(".")[-2] in projections
         expected += p.numel() + 4 * p.shape[0] if quantized else 2 * p.numel()
@@ -131,16 +141,53 @@ def test_fp8_kv_cache_counts_a_byte_an_element():
     assert fp8.kv_cache * 2 == full.kv_cache and fp8.weights == full.weights
 
 
-def test_paired_floor_reads_the_formats_from_the_server_commands():
-    from inferengine.bench.paired import fp8_formats
+def test_formats_come_from_the_server_flags_or_an_fp8_checkpoint(tmp_path):
+    from inferengine.bench.floor import fp8_formats
 
     assert fp8_formats("serve m --quantization fp8 --kv-cache-dtype fp8") == (True, True)
-    assert fp8_formats("serve m --quantization=fp8 --kv-cache-dtype=fp8_e5m2") == (True, True)
+    assert fp8_formats("serve m --quantization=FP8 --kv-cache-dtype=fp8_e5m2") == (True, True)
+    assert fp8_formats("serve m -q fp8 --quantization none") == (False, False)  # the last wins
     assert fp8_formats("serve m --kv-cache-dtype auto") == (False, False)
     assert fp8_formats(None) == (False, False)
+    fp8_config = {"model_type": "llama", "quantization_config": {"quant_method": "fp8"}}
+    (tmp_path / "config.json").write_text(json.dumps(fp8_config))
+    assert fp8_formats("serve m", tmp_path) == (True, False)  # the checkpoint says FP8
+    assert fp8_formats("serve m", QWEN) == (False, False)
+
+
+def test_fp8_floor_halves_the_projections_and_the_kv_but_not_the_head():
     qwen = json.loads((QWEN / "config.json").read_text())
     bf16 = batch1_floor(QWEN, 256, 128, copy_gbps=3000.0)
     fp8 = batch1_floor(QWEN, 256, 128, copy_gbps=3000.0, fp8_weights=True, fp8_kv=True)
-    head = qwen["vocab_size"] * qwen["hidden_size"] * 2
-    # the projections halve; the 1.09 GB LM head does not
-    assert fp8["bytes"]["weights"] == pytest.approx((bf16["bytes"]["weights"] + head) / 2, rel=0.01)
+    h, layers = qwen["hidden_size"], qwen["num_hidden_layers"]
+    head = qwen["vocab_size"] * h * 2
+    kv, inter = (
+        qwen["num_key_value_heads"] * h // qwen["num_attention_heads"],
+        qwen["intermediate_size"],
+    )
+    projections = layers * (2 * h * h + 2 * h * kv + 3 * h * inter)
+    scales = layers * 4 * (2 * h + 2 * kv + 2 * inter + h)
+    assert bf16["bytes"]["weights"] - fp8["bytes"]["weights"] == projections - scales
+    assert fp8["bytes"]["kv_cache"] * 2 == bf16["bytes"]["kv_cache"]
+    assert fp8["bytes"]["weights"] > projections + head  # the head stays 16-bit
+
+
+def test_paired_floor_is_missing_when_the_servers_store_different_formats():
+    from types import SimpleNamespace
+
+    from inferengine.bench.paired import floor_entry
+
+    dataset = SimpleNamespace(random_prefix_len=0, random_input_len=256, random_output_len=128)
+    systems = {s: {"spread": {"median_tpot_ms": {"median": 4.0}}} for s in ("a", "b")}
+
+    def entry(commands):
+        specs = [SimpleNamespace(command=c) for c in commands]
+        cfg = SimpleNamespace(systems=specs, model_dir=str(QWEN))
+        return floor_entry(cfg, SimpleNamespace(dataset=dataset), {"systems": systems}, 3000.0)
+
+    mixed = entry(["serve --quantization fp8", "serve"])
+    assert mixed["floor_ms"] is None and "different formats" in mixed["reason"]
+    same = entry(["serve --quantization fp8 --kv-cache-dtype fp8"] * 2)
+    expected = batch1_floor(QWEN, 256, 128, 3000.0, fp8_weights=True, fp8_kv=True)["floor_ms"]
+    assert same["floor_ms"] == pytest.approx(expected)
+    assert same["tpot_over_floor"]["a"] == pytest.approx(4.0 / expected)
