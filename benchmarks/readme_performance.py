@@ -6,7 +6,8 @@ every run at that revision (all rounds, from every folder), the median and the r
 ratio of the medians; the batch-1 bandwidth floor, ready times and the GPU's busy share come
 from the same folders, the CPU figures from every `*-offline-cpu` folder of the newest revision.
 That table is InferEngine against vLLM (folders whose systems are exactly those two), one per
-model shape and per weight format (bf16, or FP8 when both servers ran `--quantization fp8`); the
+model shape and per weight and KV format (bf16, FP8: the servers' flags; a folder whose servers
+ran different formats is left out); the
 speculative-decoding section gets its own table, every `*-spec-*` run with its revision.
 
     python benchmarks/readme_performance.py           # rewrite the section in README.md
@@ -23,7 +24,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from inferengine.bench.paired import fp8_formats
+from inferengine.bench.floor import fp8_formats
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -43,9 +44,11 @@ ROWS = (
     ("median_tpot_ms", "median TPOT, ms", "{:.2f}"),
 )
 NAMES = {"inferengine": "InferEngine", "vllm": "vLLM"}
-WEIGHTS = {
-    "bf16": "bf16",
-    "fp8": "FP8 weights and KV cache (`--quantization fp8 --kv-cache-dtype fp8` for both)",
+FORMATS = {  # (FP8 weights, fp8 KV cache) -> how the table's heading names them
+    (False, False): "bf16",
+    (True, False): "FP8 weights (`--quantization fp8` for both), bf16 KV cache",
+    (False, True): "bf16 weights, fp8 KV cache (`--kv-cache-dtype fp8` for both)",
+    (True, True): "FP8 weights and KV cache (`--quantization fp8 --kv-cache-dtype fp8` for both)",
 }
 # Each model's folders make a table of their own, the main model's first; model dir -> (the
 # shape as the README names it, the --gpu-memory-utilization both servers ran with, how many
@@ -164,7 +167,9 @@ def metric_values(runs: list[dict], metric: str) -> list[float]:
     return [r["metrics"][metric] for r in runs if r["metrics"].get(metric) is not None]
 
 
-def paired_section(paired: list[tuple[str, dict]], weights: str = "bf16") -> list[str]:
+def paired_section(
+    paired: list[tuple[str, dict]], kind: tuple[bool, bool] = (False, False)
+) -> list[str]:
     workloads = [w for w in WORKLOAD_ORDER if newest_runs(paired, w)[0]]
     workloads += sorted(
         {w for _, s in paired for w in s["workloads"]} - set(workloads) - {"custom"}
@@ -179,7 +184,7 @@ def paired_section(paired: list[tuple[str, dict]], weights: str = "bf16") -> lis
     ]
     lines = [
         f"`inferengine bench paired` with `{first['judge']}` ({first['judge_version']}) as the "
-        f"judge, on {gpus} {gpu_name(first)}{'s' if gpus != 'one' else ''}, {shape} (`{first['model_dir']}`), {WEIGHTS[weights]}, "
+        f"judge, on {gpus} {gpu_name(first)}{'s' if gpus != 'one' else ''}, {shape} (`{first['model_dir']}`), {FORMATS[kind]}, "
         f"dummy weights, `--gpu-memory-utilization {utilization}`, the same prompts, seed and warm-up "
         "requests for both; the launch order alternates between rounds "
         "(`benchmarks/gpu_paired.sh`). Each cell: the **median** of the rounds, then every "
@@ -358,20 +363,22 @@ def gpu_name(summary: dict) -> str:
     return f"**{match.group(1)}**" if match else "GPU (name not recorded)"
 
 
-def precision(summary: dict) -> str:
-    """ "fp8" when every server ran `--quantization fp8` (an FP8 table of its own), else "bf16"."""
-    commands = [launch.get("command") for launch in summary.get("launches", [])]
-    if commands and all(fp8_formats(c)[0] for c in commands):
-        return "fp8"
-    return "bf16"
+def formats(summary: dict) -> tuple[bool, bool] | None:
+    """(FP8 weights, fp8 KV cache) that every server of the folder ran with, or None where the
+    servers differ (such a folder compares formats, not engines, and stays out of the tables)."""
+    model_dir = ROOT / summary["model_dir"]
+    found = {fp8_formats(launch.get("command"), model_dir) for launch in summary["launches"]}
+    return found.pop() if len(found) == 1 else None
 
 
 def render(results: Path = RESULTS) -> str:
     paired = [(n, s) for n, s in load_paired(results) if s["systems"] == VERSUS]
-    by_table: dict[tuple[str, str], list[tuple[str, dict]]] = {}
+    by_table: dict[tuple[str, tuple[bool, bool]], list[tuple[str, dict]]] = {}
     for name, summary in paired:
-        by_table.setdefault((summary["model_dir"], precision(summary)), []).append((name, summary))
-    order = sorted(by_table, key=lambda key: (key[0] != MAIN_MODEL, key[0], key[1] != "bf16"))
+        kind = formats(summary)
+        if kind is not None:
+            by_table.setdefault((summary["model_dir"], kind), []).append((name, summary))
+    order = sorted(by_table, key=lambda key: (key[0] != MAIN_MODEL, key[0], key[1]))
     tables = [paired_section(by_table[key], key[1]) for key in order]
     tables = tables or [paired_section([])]
     body = [BEGIN, *[line for i, t in enumerate(tables) for line in ([""] if i else []) + t]]

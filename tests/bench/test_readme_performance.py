@@ -83,14 +83,21 @@ def test_every_run_of_the_newest_revision_is_listed(tmp_path):
 
 def test_fp8_runs_get_a_table_of_their_own(tmp_path):
     """Folders whose servers all ran `--quantization fp8` are never mixed into the bf16 table,
-    however new their revision."""
+    however new their revision; a folder whose servers ran different formats is in neither."""
     script = load_script()
     results = tmp_path / "results"
     bf16 = summary("old", 0, {"inferengine": 100.0, "vllm": 50.0})
     fp8 = summary("new", 0, {"inferengine": 300.0, "vllm": 100.0})
     for launch in fp8["launches"]:
         launch["command"] = "serve configs/x --quantization fp8 --kv-cache-dtype fp8"
-    for name, data in {"20260101T000000Z-paired-r0": bf16, "20260102T000000Z-fp8-r0": fp8}.items():
+    mixed = summary("newest", 0, {"inferengine": 777.0, "vllm": 1.0})
+    mixed["launches"][0]["command"] = "serve configs/x --quantization fp8"
+    folders = {
+        "20260101T000000Z-paired-r0": bf16,
+        "20260102T000000Z-fp8-r0": fp8,
+        "20260103T000000Z-mixed-r0": mixed,  # FP8 against bf16: left out of every table
+    }
+    for name, data in folders.items():
         (results / name).mkdir(parents=True)
         (results / name / "summary.json").write_text(json.dumps(data))
     text = script.render(results)
@@ -98,3 +105,4 @@ def test_fp8_runs_get_a_table_of_their_own(tmp_path):
     assert "| 100 | 50 | 2.00 |" in bf16_table and "1 round(s) at old" in bf16_table
     assert "| 300 | 100 | 3.00 |" in fp8_table and "1 round(s) at new" in fp8_table
     assert "300" not in bf16_table and "bf16, dummy weights" in bf16_table
+    assert "777" not in text and "newest" not in text
