@@ -10,7 +10,8 @@ issue's bar is argmax agreement >= 0.99. Writes `benchmarks/results/<UTC stamp>-
 (or --out-dir).
 
     python benchmarks/fp8_accuracy.py [--model configs/qwen2.5-7b] [--load-format dummy]
-        [--prompts 16] [--prompt-len 256] [--decode-steps 32] [--fp32-floor] [--out-dir DIR]
+        [--prompts 16] [--prompt-len 256] [--decode-steps 32] [--fp32-floor] [--emulate-cuda]
+        [--out-dir DIR]
 
 Random (dummy) weights leave most next-token choices near ties (top-two margins of a few
 hundredths of a nat), which any rounding flips; so agreement is also reported over the
@@ -18,8 +19,11 @@ positions whose reference margin is at least 0.05 ... 0.5 nats, and --fp32-floor
 float32 copy of the reference too, the floor that bf16 rounding alone sets. `fp8-grid` is the
 reference with its FP8-quantized weights rounded to their FP8 values (what the weights' rounding
 alone costs), and `kernels` compares FP8 with it (what our kernels and the activation
-quantization add). Real weights: --model a GGUF file or folder with --load-format auto; on the
-CPU, --emulate-cuda runs the CUDA paths' arithmetic in the torch reference.
+quantization add; on the CPU it reads 1.0 by construction unless --emulate-cuda runs the CUDA
+paths' arithmetic in the torch reference: W8A16 up to `fp8_gemm.use_w8a16`'s M, W8A8 above,
+for shapes whose dimensions are multiples of 16, as every configs/ model's are). Real weights:
+--model a GGUF file or folder with --load-format auto. With --fp32-floor a 7B shape holds four
+7B models: more than an 80 GB GPU has (run it once with the floor, once without).
 """
 
 from __future__ import annotations
@@ -250,7 +254,7 @@ def main() -> None:
     args = parser.parse_args()
     results = measure(args)
     for name in results["pairs"]:
-        for part in (*PHASES, "all") if name in results else ():
+        for part in (*PHASES, "all"):
             r = results[name][part]
             print(
                 f"{name} {part:>7}: {r['positions']} positions, argmax agreement "

@@ -6,8 +6,9 @@
 # --max-model-len 2048, K:json round K of the JSON-schema workloads and their plain twins (vLLM
 # with its default structured-output backend, xgrammar, for these schemas) at 2048,
 # K:json16 only the concurrency-16 pair of those (half the time),
-# K:long round K of long-prompt against servers at 8192, K:fp8 round K of w1, batch1 and c256
-# with both servers at `--quantization fp8 --kv-cache-dtype fp8`, K:fp8-self our FP8 server
+# K:long round K of long-prompt against servers at 8192, K:fp8 round K of w1, batch1 and
+# c256 with both servers at `--quantization fp8 --kv-cache-dtype fp8` (vLLM's quantization
+# needs compressed-tensors and loguru in .whl: gpu_peer_site.sh), K:fp8-self our FP8 server
 # against our bf16 one (batch 1 and concurrency 256; vLLM only judges), K:moe round K of W1 and concurrency
 # 64 on the Qwen3-30B-A3B shape (61 GB of bf16 weights, so both servers at 0.92 of the GPU;
 # split the items over calls so that each stays within the device's 10 minutes); `vllm bench
@@ -41,7 +42,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 . benchmarks/gpu_peer_site.sh
 S=$(date -u +%Y%m%dT%H%M%SZ)
 ie() { python3 -m inferengine.entrypoints.cli.main "$@"; }
-run_set() {  # round, name, max-model-len, paired args... (MODEL, UTIL, QUANT from the caller)
+run_set() {  # round, name, max-model-len, paired args... (MODEL, UTIL, QUANT, SELF: caller's)
   local round=$1 name=$2 len=$3 model=${MODEL:-qwen2.5-7b} util=${UTIL:-0.82}; shift 3
   local d=/tmp/pr/$S-$name-r$round q=${QUANT:-}
   local ie_sys="inferengine=preset:inferengine --load-format dummy --gpu-memory-utilization $util --disable-log-requests $q"

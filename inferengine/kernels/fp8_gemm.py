@@ -24,9 +24,9 @@ FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
 MIN_SCALE = 1e-12  # an all-zero row quantizes to zeros instead of dividing by zero
 
 # Largest M at which the W8A16 skinny kernel beats per-token quantization + `torch._scaled_mm`,
-# keyed by (N, K); filled from `benchmarks/skinny_gemm.py --fp8` on an H100. Other shapes use
-# `DEFAULT_W8A16_MAX_M`: the skinny kernel's whole range, where it saves the quantization
-# launch and reads W as fast as cuBLAS (the bf16 skinny GEMM beats cuBLAS there).
+# keyed by (N, K), from `benchmarks/skinny_gemm.py --fp8`. Empty: on an H100 80GB HBM3 the
+# kernel won at every M up to 32 on all four Qwen2.5-7B projections (20261125T005301Z-skinny-
+# gemm), which is `DEFAULT_W8A16_MAX_M`, the skinny kernel's whole range.
 W8A16_MAX_M: dict[tuple[int, int], int] = {}
 DEFAULT_W8A16_MAX_M = 32
 _QUANT_BLOCK = 1024
