@@ -51,6 +51,9 @@ GOAL_TBPS = 2.9
 MMA_TILES = [(16, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 4), (64, 128, 4, 6),
              (64, 256, 4, 3), (128, 128, 4, 3), (128, 128, 8, 4)]  # fmt: skip
 FMA_TILES = [(8, 512, 4), (16, 256, 4), (4, 1024, 4)]  # at M <= 4, rows shrink by M's pad
+# FP8 rows are half the bytes: longer K blocks and more warps per tile as well (the first FP8
+# sweep found qkv and o at one row under 2 TB/s with the tiles above).
+FP8_FMA_TILES = [(8, 1024, 4), (16, 512, 4), (4, 2048, 4), (8, 512, 8), (16, 1024, 8)]
 
 
 @dataclass
@@ -193,7 +196,7 @@ def precompile(points: list[tuple[str, int, sg.SkinnyConfig, bool]]) -> None:
           f"processes ({failures} failed)", flush=True)  # fmt: skip
 
 
-def tile_candidates(m: int, n: int, k: int, sms: int) -> list[sg.SkinnyConfig]:
+def tile_candidates(m: int, n: int, k: int, sms: int, fp8: bool = False) -> list[sg.SkinnyConfig]:
     """Stage one: each tile with the split that fills one wave of programs."""
     out = []
     for method in ("dot", "tma"):
@@ -201,8 +204,10 @@ def tile_candidates(m: int, n: int, k: int, sms: int) -> list[sg.SkinnyConfig]:
             out.append(sg.SkinnyConfig(bn, bk, 1, warps, stages, method))
     if m <= 4:
         pad = sg.m_pad(m, "fma")
-        out += [sg.SkinnyConfig(max(1, bn // pad), bk, 1, w, 1, "fma") for bn, bk, w in FMA_TILES]
-    return [replace(c, split_k=sg.wave_split(c, m, n, k, sms)) for c in out]
+        tiles = FMA_TILES + (FP8_FMA_TILES if fp8 else [])
+        out += [sg.SkinnyConfig(max(1, bn // pad), bk, 1, w, 1, "fma") for bn, bk, w in tiles]
+    w_bytes = 1 if fp8 else 2
+    return [replace(c, split_k=sg.wave_split(c, m, n, k, sms, w_bytes)) for c in out]
 
 
 def split_candidates(best: sg.SkinnyConfig, n: int, k: int, sms: int) -> list[sg.SkinnyConfig]:
@@ -232,7 +237,7 @@ def sweep_point(problem: Problem, x: torch.Tensor, sms: int, repeats: int) -> di
         timed = [r for r in rows if "ours_us" in r and r["config"]["reduce"] == "serial"]
         return min(timed, key=lambda r: r["ours_us"], default=None)
 
-    for cfg in tile_candidates(x.shape[0], problem.n, problem.k, sms):
+    for cfg in tile_candidates(x.shape[0], problem.n, problem.k, sms, problem.scale is not None):
         run(cfg)
     if (best := fastest()) is None:
         return {"candidates": rows}
@@ -253,7 +258,7 @@ def sweep_point(problem: Problem, x: torch.Tensor, sms: int, repeats: int) -> di
 
 def sweep(args, names: list[str], ms: list[int], sms: int, started: float) -> dict:
     plan = [(name, m, cfg, args.fp8) for name in names for m in ms
-            for cfg in tile_candidates(m, *SHAPES[name][:2], sms)]  # fmt: skip
+            for cfg in tile_candidates(m, *SHAPES[name][:2], sms, args.fp8)]  # fmt: skip
     plan += [(name, m, replace(cfg, split_k=s), fp8) for name, m, cfg, fp8 in plan
              for s in (1, 2)]  # fmt: skip
     precompile(plan)

@@ -85,6 +85,22 @@ def test_w8a16_skinny_matches_reference(gen, device, method, m, bias):
     torch.testing.assert_close(out, skinny_linear_ref(x, w, b, scale), atol=0.02, rtol=0.01)
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        SkinnyConfig(4, 2048, 1, num_warps=4, method="fma"),
+        SkinnyConfig(8, 1024, 2, num_warps=8, method="fma"),
+    ],
+)
+@pytest.mark.parametrize("m", [1, 3])
+def test_w8a16_fma_long_k_tiles(gen, device, config, m):
+    """The FP8 sweep's longer FMA tiles (benchmarks/skinny_gemm.py FP8_FMA_TILES): a K block
+    longer than K's ragged tail, and a split."""
+    x, w, scale, b = make_fp8(gen, m, 20, 4100, bias=True, device=device)
+    out = skinny_linear(x, w, b, config=config, weight_scale=scale)
+    torch.testing.assert_close(out.float(), expected(x, w, scale, b), **TOL)
+
+
 @pytest.mark.parametrize("reduce", ["serial", "kernel", "atomic"])
 def test_w8a16_reduce_modes(gen, device, reduce):
     x, w, scale, b = make_fp8(gen, 6, 40, 160, bias=True, device=device)
