@@ -82,7 +82,7 @@ def test_gguf_on_a_cpu_without_the_fast_int4_kernel_loads_float16_packed(
     within float16 rounding of the float32 model's; --gguf-dequantize keeps float32."""
     from inferengine.model.loader import gguf_int4
     from inferengine.model.loader.gguf import convert_gguf
-    from tests.model.loader.test_gguf_int4 import _load, _logits, _tiny_gguf
+    from tests.model.loader.test_gguf_int4 import _load, _tiny_gguf, assert_same_logits
 
     monkeypatch.setattr(gguf_int4, "int4_kernel_is_fast", lambda: False)
     folder = convert_gguf(_tiny_gguf(tiny_llama, tmp_path, "untied"), tmp_path / "converted")
@@ -92,11 +92,7 @@ def test_gguf_on_a_cpu_without_the_fast_int4_kernel_loads_float16_packed(
     assert len(names) == 4 * 2 + 1  # qkv, o, gate_up, down in each of 2 layers, the head
     dense, _ = _load(folder, dequantize=True)
     assert _fp16_modules(dense) == []
-    prompts = [[1, 5, 9, 33, 70], [2, 100, 200]]
-    for got, want in zip(
-        _logits(packed, config, prompts), _logits(dense, config, prompts), strict=True
-    ):
-        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+    assert_same_logits(packed, dense, config, tol=1e-2)
 
     monkeypatch.setattr(gguf_int4, "fp16_gemm_available", lambda: False)
     assert _fp16_modules(_load(folder)[0]) == []  # no fbgemm: float32 as before

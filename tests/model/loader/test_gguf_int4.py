@@ -218,6 +218,14 @@ def _logits(model, config, prompts: list[list[int]]) -> list[torch.Tensor]:
     return [torch.cat([f, n]) for f, n in zip(first, loop.step([[7]] * len(prompts)), strict=True)]
 
 
+def assert_same_logits(model, reference, config, tol: float) -> None:
+    """Two models' logits (a prefill of two prompts, then one decode step) agree within tol."""
+    prompts = [[1, 5, 9, 33, 70], [2, 100, 200]]
+    pairs = zip(_logits(model, config, prompts), _logits(reference, config, prompts), strict=True)
+    for got, expected in pairs:
+        torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
+
+
 @needs_kernel
 @pytest.mark.parametrize("variant", ["untied", "tied-llama3"])
 def test_tiny_gguf_int4_model_equals_dequantized(tiny_llama, tmp_path, monkeypatch, variant):
@@ -236,11 +244,7 @@ def test_tiny_gguf_int4_model_equals_dequantized(tiny_llama, tmp_path, monkeypat
 
     dense_model, _ = _load(folder, dequantize=True)
     assert _int4_modules(dense_model) == []
-    prompts = [[1, 5, 9, 33, 70], [2, 100, 200]]
-    for got, expected in zip(
-        _logits(int4_model, config, prompts), _logits(dense_model, config, prompts), strict=True
-    ):
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert_same_logits(int4_model, dense_model, config, tol=1e-4)
 
 
 @needs_kernel
