@@ -7,6 +7,7 @@ torch profiler. Kernel time is split into matmuls, attention and everything else
 `benchmarks/results/<UTC stamp>-decode-profile/` with results.json and a gzipped Chrome trace.
 
     python benchmarks/decode_profile.py [--model configs/qwen2.5-7b] [--batch 16]
+        [--quantization fp8 --kv-cache-dtype fp8]
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--quantization", default=None, help="e.g. fp8")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="auto or fp8")
     parser.add_argument("--out-dir", default=None)
     args = parser.parse_args()
 
@@ -74,6 +77,8 @@ def main() -> None:
         max_num_seqs=max(args.batch, 16),
         enforce_eager=args.enforce_eager,
         gpu_memory_utilization=0.85,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     engine = llm.llm_engine
     core = engine.core
@@ -97,10 +102,9 @@ def main() -> None:
         core.step()
     torch.cuda.synchronize()
     pipelined_ms = (time.perf_counter() - start) * 1e3 / args.steps
-    if core._inflight is not None:  # settle: the synchronous steps below start clean
-        so, pending = core._inflight
+    while core._inflight:  # settle: the synchronous steps below start clean
+        so, pending, _ = core._inflight.popleft()
         core.scheduler.update_from_output(so, pending.resolve())
-        core._inflight = None
     phases = [timed_step(core) for _ in range(args.steps)]
     step_ms = [sum(p.values()) for p in phases]
     trace_dir = Path(tempfile.mkdtemp())
@@ -128,9 +132,11 @@ def main() -> None:
         "batch": args.batch,
         "prompt_len": args.prompt_len,
         "cuda_graphs": not args.enforce_eager,
+        "quantization": args.quantization,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "gpu": torch.cuda.get_device_name(),
         "pipelined_step_ms": pipelined_ms,
-        "async_scheduling": core.async_scheduling,
+        "steps_in_flight": core.depth,
         "pdl": os.environ.get("INFERENGINE_PDL", "1") != "0",
         "median_step_ms": median_step,
         "median_phase_ms": {k: statistics.median(p[k] for p in phases) for k in phases[0]},

@@ -102,33 +102,33 @@ CONFIGS: dict[tuple[int, int, int], SkinnyConfig] = {
 
 
 # The same for FP8 weights (W8A16), keyed alike: the Qwen2.5-7B linears from an H100 80GB HBM3
-# sweep (`benchmarks/skinny_gemm.py --sweep --fp8`, 20261125T004905Z-skinny-gemm); other
-# shapes get `default_config`.
+# sweep (`benchmarks/skinny_gemm.py --sweep --fp8`, 20261125T025200Z-skinny-gemm, which also
+# tries FP8's longer-K and 8-warp FMA tiles); other shapes get `default_config`.
 FP8_CONFIGS: dict[tuple[int, int, int], SkinnyConfig] = {
-    (4608, 3584, 1): SkinnyConfig(8, 512, 1, 4, 1, "fma"),  # qwen-qkv 1.96 TB/s
-    (4608, 3584, 2): SkinnyConfig(4, 512, 1, 4, 1, "fma"),  # qwen-qkv 1.47 TB/s
-    (4608, 3584, 4): SkinnyConfig(64, 128, 3, 4, 4, "dot"),  # qwen-qkv 1.29 TB/s
-    (4608, 3584, 8): SkinnyConfig(64, 128, 3, 4, 4, "dot"),  # qwen-qkv 1.29 TB/s
-    (4608, 3584, 16): SkinnyConfig(64, 128, 3, 4, 4, "dot"),  # qwen-qkv 1.29 TB/s
-    (4608, 3584, 32): SkinnyConfig(64, 128, 3, 4, 4, "dot"),  # qwen-qkv 1.18 TB/s
-    (3584, 3584, 1): SkinnyConfig(4, 1024, 1, 4, 1, "fma"),  # qwen-o 1.98 TB/s
-    (3584, 3584, 2): SkinnyConfig(4, 512, 1, 4, 1, "fma"),  # qwen-o 1.77 TB/s
-    (3584, 3584, 4): SkinnyConfig(64, 128, 4, 4, 4, "dot"),  # qwen-o 1.23 TB/s
-    (3584, 3584, 8): SkinnyConfig(64, 128, 4, 4, 4, "dot"),  # qwen-o 1.23 TB/s
-    (3584, 3584, 16): SkinnyConfig(64, 128, 4, 4, 4, "dot"),  # qwen-o 1.21 TB/s
-    (3584, 3584, 32): SkinnyConfig(64, 128, 4, 4, 4, "dot"),  # qwen-o 1.09 TB/s
-    (37888, 3584, 1): SkinnyConfig(16, 256, 1, 4, 1, "fma"),  # qwen-gate-up 2.79 TB/s
-    (37888, 3584, 2): SkinnyConfig(64, 256, 1, 4, 3, "tma"),  # qwen-gate-up 2.43 TB/s
+    (4608, 3584, 1): SkinnyConfig(8, 512, 1, 8, 1, "fma"),  # qwen-qkv 2.11 TB/s
+    (4608, 3584, 2): SkinnyConfig(4, 512, 1, 8, 1, "fma"),  # qwen-qkv 1.48 TB/s
+    (4608, 3584, 4): SkinnyConfig(128, 128, 7, 4, 3, "tma"),  # qwen-qkv 1.25 TB/s
+    (4608, 3584, 8): SkinnyConfig(64, 128, 5, 4, 6, "tma"),  # qwen-qkv 1.26 TB/s
+    (4608, 3584, 16): SkinnyConfig(64, 128, 5, 4, 6, "tma"),  # qwen-qkv 1.25 TB/s
+    (4608, 3584, 32): SkinnyConfig(64, 128, 5, 4, 4, "tma"),  # qwen-qkv 1.20 TB/s
+    (3584, 3584, 1): SkinnyConfig(4, 1024, 1, 4, 1, "fma"),  # qwen-o 1.97 TB/s
+    (3584, 3584, 2): SkinnyConfig(4, 512, 1, 4, 1, "fma"),  # qwen-o 1.76 TB/s
+    (3584, 3584, 4): SkinnyConfig(64, 128, 7, 4, 6, "tma"),  # qwen-o 1.23 TB/s
+    (3584, 3584, 8): SkinnyConfig(64, 128, 7, 4, 6, "tma"),  # qwen-o 1.23 TB/s
+    (3584, 3584, 16): SkinnyConfig(64, 128, 7, 4, 6, "tma"),  # qwen-o 1.22 TB/s
+    (3584, 3584, 32): SkinnyConfig(64, 128, 7, 4, 4, "tma"),  # qwen-o 1.10 TB/s
+    (37888, 3584, 1): SkinnyConfig(16, 256, 1, 4, 1, "fma"),  # qwen-gate-up 2.77 TB/s
+    (37888, 3584, 2): SkinnyConfig(64, 256, 1, 4, 3, "tma"),  # qwen-gate-up 2.39 TB/s
     (37888, 3584, 4): SkinnyConfig(64, 256, 1, 4, 3, "tma"),  # qwen-gate-up 2.40 TB/s
     (37888, 3584, 8): SkinnyConfig(64, 256, 1, 4, 3, "tma"),  # qwen-gate-up 2.42 TB/s
     (37888, 3584, 16): SkinnyConfig(64, 256, 1, 4, 3, "tma"),  # qwen-gate-up 2.41 TB/s
-    (37888, 3584, 32): SkinnyConfig(64, 128, 1, 4, 4, "tma"),  # qwen-gate-up 2.26 TB/s
-    (3584, 18944, 1): SkinnyConfig(4, 1024, 1, 4, 1, "fma"),  # qwen-down 2.67 TB/s
-    (3584, 18944, 2): SkinnyConfig(4, 512, 1, 4, 1, "fma"),  # qwen-down 2.24 TB/s
-    (3584, 18944, 4): SkinnyConfig(64, 128, 4, 4, 4, "dot"),  # qwen-down 1.97 TB/s
-    (3584, 18944, 8): SkinnyConfig(64, 128, 4, 4, 4, "tma"),  # qwen-down 1.97 TB/s
-    (3584, 18944, 16): SkinnyConfig(64, 128, 12, 4, 4, "tma"),  # qwen-down 1.95 TB/s
-    (3584, 18944, 32): SkinnyConfig(64, 128, 4, 4, 4, "dot"),  # qwen-down 1.82 TB/s
+    (37888, 3584, 32): SkinnyConfig(64, 128, 1, 4, 4, "tma"),  # qwen-gate-up 2.27 TB/s
+    (3584, 18944, 1): SkinnyConfig(4, 1024, 1, 4, 1, "fma"),  # qwen-down 2.66 TB/s
+    (3584, 18944, 2): SkinnyConfig(4, 512, 1, 4, 1, "fma"),  # qwen-down 2.22 TB/s
+    (3584, 18944, 4): SkinnyConfig(64, 256, 7, 4, 3, "tma"),  # qwen-down 2.11 TB/s
+    (3584, 18944, 8): SkinnyConfig(64, 256, 7, 4, 3, "tma"),  # qwen-down 2.10 TB/s
+    (3584, 18944, 16): SkinnyConfig(64, 256, 7, 4, 3, "tma"),  # qwen-down 2.07 TB/s
+    (3584, 18944, 32): SkinnyConfig(64, 128, 7, 4, 4, "tma"),  # qwen-down 1.94 TB/s
 }
 
 
