@@ -3,7 +3,8 @@ per-shape choice between the W8A16 skinny kernel and `torch._scaled_mm`, and tor
 
 Weights are float8_e4m3fn [N, K] with one float32 scale per output row. On CUDA, decode-sized
 inputs take the W8A16 skinny GEMM (x stays 16-bit, W is dequantized in registers); larger ones
-are quantized per token and multiplied by `torch._scaled_mm` with row-wise scales. Elsewhere
+are quantized per token and multiplied by `torch._scaled_mm` with row-wise scales; the RMSNorm
+before a linear may have quantized them already (`Fp8Input`, `norm.rms_norm_fp8`). Elsewhere
 (the CPU, GPUs before Ada) W is dequantized to x's dtype and multiplied by `F.linear`: a
 correctness path.
 Hot path: no host syncs, launch shapes from tensor shapes only (CUDA-graph safe).
@@ -12,6 +13,7 @@ Hot path: no host syncs, launch shapes from tensor shapes only (CUDA-graph safe)
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +32,20 @@ MIN_SCALE = 1e-12  # an all-zero row quantizes to zeros instead of dividing by z
 W8A16_MAX_M: dict[tuple[int, int], int] = {}
 DEFAULT_W8A16_MAX_M = 32
 _QUANT_BLOCK = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Input:
+    """A linear's input quantized per token where it was made (the RMSNorm before the linear):
+    q [M, K] float8 and scale [M, 1] float32 for the 16-bit tensor of `shape` and `dtype`."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    shape: torch.Size
+    dtype: torch.dtype
+
+    def dequantize(self) -> torch.Tensor:
+        return (self.q.float() * self.scale).to(self.dtype).view(self.shape)
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,33 +94,39 @@ def _fp8_capable(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= (8, 9)
 
 
-def scaled_mm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def scaled_mm_supported(x: torch.Tensor | Fp8Input, weight: torch.Tensor) -> bool:
     """Whether `scaled_mm_linear` runs: CUDA with FP8 tensor cores, 16-bit x, and K and N
     multiples of 16 (cuBLASLt's rule for FP8)."""
     n, k = weight.shape
+    device = x.q.device if isinstance(x, Fp8Input) else x.device
     return (
-        x.is_cuda
+        device.type == "cuda"
         and x.dtype in (torch.bfloat16, torch.float16)
         and n % 16 == 0
         and k % 16 == 0
-        and _fp8_capable(x.device.index or 0)
+        and _fp8_capable(device.index or 0)
     )
 
 
 def scaled_mm_linear(
-    x: torch.Tensor,
+    x: torch.Tensor | Fp8Input,
     weight: torch.Tensor,
     weight_scale: torch.Tensor,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """W8A8: x quantized per token, then `torch._scaled_mm` with row-wise scales (scale_a
-    [M, 1], scale_b [1, N]; W [N, K] passed transposed, i.e. column-major as cuBLASLt wants).
-    Row-wise scaling writes bf16 only: an fp16 x gets its result cast back."""
+    """W8A8: x quantized per token (unless it comes quantized), then `torch._scaled_mm` with
+    row-wise scales (scale_a [M, 1], scale_b [1, N]; W [N, K] passed transposed, i.e.
+    column-major as cuBLASLt wants). Row-wise scaling writes bf16 only: an fp16 x gets its
+    result cast back."""
     n, k = weight.shape
-    x2 = x.reshape(-1, k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    xq, x_scale = per_token_quant(x2)
+    if isinstance(x, Fp8Input):
+        xq, x_scale, shape, dtype = x.q, x.scale, x.shape, x.dtype
+    else:
+        x2 = x.reshape(-1, k)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        xq, x_scale = per_token_quant(x2)
+        shape, dtype = x.shape, x.dtype
     fused_bias = bias if bias is not None and bias.dtype == torch.bfloat16 else None
     y = torch._scaled_mm(
         xq,
@@ -116,27 +138,52 @@ def scaled_mm_linear(
     )
     if bias is not None and fused_bias is None:
         y = y + bias.to(y.dtype)
-    return y.to(x.dtype).view(*x.shape[:-1], n)
+    return y.to(dtype).view(*shape[:-1], n)
 
 
 def use_w8a16(m: int, n: int, k: int) -> bool:
     return m <= W8A16_MAX_M.get((n, k), DEFAULT_W8A16_MAX_M)
 
 
+def _w8a16_applies(x: torch.Tensor, weight: torch.Tensor, m: int) -> bool:
+    from inferengine.kernels import skinny_gemm as sg
+
+    n, k = weight.shape
+    return use_w8a16(m, n, k) and sg.supports(x, weight)
+
+
+def takes_fp8_input(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `fp8_linear(x, weight, ...)` would quantize x per token for `torch._scaled_mm`:
+    then the RMSNorm that makes x may as well hand it over quantized (`Fp8Input`)."""
+    m = x.numel() // max(1, weight.shape[1])
+    return (
+        x.is_cuda
+        and m > 0
+        and _fp8_capable(x.device.index or 0)
+        and not _w8a16_applies(x, weight, m)
+        and scaled_mm_supported(x, weight)
+    )
+
+
 def fp8_linear(
-    x: torch.Tensor,
+    x: torch.Tensor | Fp8Input,
     weight: torch.Tensor,
     weight_scale: torch.Tensor,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [..., K] @ (weight [N, K] float8 · weight_scale [N])ᵀ (+ bias) -> [..., N] in x's dtype,
-    by the fastest path this device and shape have (module docstring)."""
-    n, k = weight.shape
-    m = x.numel() // max(1, k)
+    by the fastest path this device and shape have (module docstring). An `Fp8Input` goes to
+    `torch._scaled_mm` as it is (it was made because `takes_fp8_input` said so); where that
+    cannot run, it is dequantized and takes the usual path."""
+    if isinstance(x, Fp8Input):
+        if scaled_mm_supported(x, weight):
+            return scaled_mm_linear(x, weight, weight_scale, bias)
+        x = x.dequantize()
+    m = x.numel() // max(1, weight.shape[1])
     if x.is_cuda and m > 0 and _fp8_capable(x.device.index or 0):
         from inferengine.kernels import skinny_gemm as sg
 
-        if use_w8a16(m, n, k) and sg.supports(x, weight):
+        if _w8a16_applies(x, weight, m):
             return sg.skinny_linear(x, weight, bias, weight_scale=weight_scale)
         if scaled_mm_supported(x, weight):
             return scaled_mm_linear(x, weight, weight_scale, bias)

@@ -1,5 +1,5 @@
-"""Triton kernel of the dynamic per-token FP8 activation quantization; the wrapper and torch
-reference live in fp8_gemm.py."""
+"""Triton kernels of the dynamic per-token FP8 activation quantization, alone and fused into the
+RMSNorm before a linear; the wrappers and torch references live in fp8_gemm.py and norm.py."""
 
 import triton
 import triton.language as tl
@@ -36,3 +36,45 @@ def per_token_quant_kernel(
         x = tl.load(x_ptr + row * stride_xm + k + offs, mask=mask, other=0.0)
         q = tl.clamp(x.to(tl.float32) / scale, -FP8_MAX, FP8_MAX)
         tl.store(q_ptr + row * stride_qm + k + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def rms_norm_fp8_kernel(
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    q_ptr,
+    scale_ptr,
+    hidden_size,
+    eps,
+    stride_x,
+    stride_r,
+    stride_q,
+    FP8_MAX: tl.constexpr,
+    MIN_SCALE: tl.constexpr,
+    ADD_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """One row per program: `rms_norm_kernel`'s row (with the residual add, stored, when
+    ADD_RESIDUAL), rounded to x's dtype as that kernel would store it, then quantized as
+    `per_token_quant_kernel` quantizes a row; the 16-bit normed row itself is never stored.
+    The weight has x's dtype."""
+    pdl_enter(USE_PDL)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < hidden_size
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if ADD_RESIDUAL:
+        residual = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + residual.to(tl.float32)).to(x.dtype)
+        tl.store(residual_ptr + row * stride_r + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    variance = tl.sum(xf * xf, 0) / hidden_size
+    normed = (xf * (1.0 / tl.sqrt(variance + eps))).to(x.dtype)
+    weight = tl.load(weight_ptr + offs, mask=mask, other=0.0)
+    out = (normed.to(tl.float32) * weight.to(tl.float32)).to(x.dtype).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(out), axis=0) / FP8_MAX, MIN_SCALE)
+    tl.store(scale_ptr + row, scale)
+    q = tl.clamp(out / scale, -FP8_MAX, FP8_MAX)
+    tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=mask)

@@ -1,4 +1,5 @@
-"""RMSNorm and fused residual-add + RMSNorm (Triton + torch references with Hugging Face's math)."""
+"""RMSNorm and fused residual-add + RMSNorm (Triton + torch references with Hugging Face's math),
+also with the result quantized per token to FP8 for the linear after it."""
 
 import torch
 
@@ -89,6 +90,36 @@ def fused_add_rms_norm(
     r2 = residual.view(-1, residual.shape[-1]) if residual.dim() != 2 else residual
     _launch(x2, r2, weight, x2, eps)
     return x, residual
+
+
+def rms_norm_fp8(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+):
+    """`rms_norm(x, ...)`, or with a residual `fused_add_rms_norm(x, residual, ...)` (residual
+    updated in place; x is not written), handed on quantized per token as `per_token_quant`
+    would quantize it: `(Fp8Input, residual)`. x and weight share a 16-bit dtype."""
+    from inferengine.kernels.fp8_gemm import FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Input
+    from inferengine.kernels.fp8_kernels import rms_norm_fp8_kernel
+
+    assert weight.dtype == x.dtype and x.stride(-1) == 1
+    hidden_size = x.shape[-1]
+    x2 = x.view(-1, hidden_size) if x.dim() != 2 else x
+    r2 = None
+    if residual is not None:
+        assert residual.shape == x.shape and residual.stride(-1) == 1
+        r2 = residual.view(-1, hidden_size) if residual.dim() != 2 else residual
+    rows = x2.shape[0]
+    q = torch.empty((rows, hidden_size), dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
+    if rows:
+        block = next_power_of_2(hidden_size)
+        rms_norm_fp8_kernel[(rows,)](
+            x2, r2 if r2 is not None else x2, weight, q, scale, hidden_size, eps, x2.stride(0),
+            r2.stride(0) if r2 is not None else hidden_size, q.stride(0),
+            FP8_MAX=FP8_MAX, MIN_SCALE=MIN_SCALE, ADD_RESIDUAL=r2 is not None, BLOCK=block,
+            num_warps=min(16, max(1, block // 256)), **pdl_launch(x),
+        )  # fmt: skip
+    return Fp8Input(q, scale, x.shape, x.dtype), residual
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -7,6 +7,7 @@ the caller picks into logits.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -198,8 +199,20 @@ class DecoderLayer(nn.Module):
         metadata: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden, residual = attend(self, positions, hidden, residual, kv_cache, metadata)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        norm = self.post_attention_layernorm
+        if self._mlp_reads_norm_directly():
+            norm = functools.partial(norm, fp8_consumer=self.mlp.gate_up_proj)
+        hidden, residual = norm(hidden, residual)
         return self.feed_forward(hidden, metadata), residual
+
+    def _mlp_reads_norm_directly(self) -> bool:
+        """Whether gate_up_proj alone reads the post-attention norm's output (a dense MLP
+        called as is), so the norm may hand that output over in FP8."""
+        return (
+            isinstance(self.post_attention_layernorm, RMSNorm)
+            and type(self.mlp) is DecoderMLP
+            and type(self).feed_forward is DecoderLayer.feed_forward
+        )
 
     def feed_forward(self, hidden: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
         return self.mlp(hidden)
@@ -215,11 +228,15 @@ def attend(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A decoder layer's first half: its input norm (with the residual add carried from the layer
     before) and self-attention; (attention output, residual)."""
+    norm = layer.input_layernorm
+    if isinstance(norm, RMSNorm) and type(layer.self_attn) is DecoderAttention:
+        # Its output goes straight to qkv_proj, which may take it in FP8.
+        norm = functools.partial(norm, fp8_consumer=layer.self_attn.qkv_proj)
     if residual is None:
         residual = hidden
-        hidden = layer.input_layernorm(hidden)
+        hidden = norm(hidden)
     else:
-        hidden, residual = layer.input_layernorm(hidden, residual)
+        hidden, residual = norm(hidden, residual)
     return layer.self_attn(positions, hidden, kv_cache, metadata), residual
 
 

@@ -52,6 +52,45 @@ def test_per_token_quant_kernel_matches_reference(gen, device, m, k):
     assert (diff <= REL_STEP * q_ref.float().abs() + 2.0**-9).all()
 
 
+@pytest.mark.parametrize("rows, hidden", [(1, 64), (6, 300), (3, 2048)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_fp8_matches_norm_then_quant(gen, device, rows, hidden, with_residual):
+    """The RMSNorm with per-token FP8 quantization fused in: the same residual, scales and FP8
+    values as the norm (as it would be stored in bf16) followed by `per_token_quant`."""
+    from inferengine.kernels.norm import rms_norm_fp8, rms_norm_ref
+
+    x = (torch.randn(rows, hidden, generator=gen) * 2).to(torch.bfloat16).to(device)
+    residual = torch.randn(rows, hidden, generator=gen).to(torch.bfloat16).to(device)
+    weight = (1 + 0.5 * torch.randn(hidden, generator=gen)).to(torch.bfloat16).to(device)
+    x[0] = 0.0
+    if with_residual:
+        residual[0] = 0.0  # an all-zero row: the smallest scale, zeros out
+    summed = (x.float() + residual.float()).to(torch.bfloat16) if with_residual else x
+    normed = rms_norm_ref(summed, weight, 1e-6)
+    q_ref, scale_ref = fg.per_token_quant_ref(normed)
+    out, res = rms_norm_fp8(x, weight, 1e-6, residual if with_residual else None)
+    assert isinstance(out, fg.Fp8Input) and out.shape == x.shape and out.dtype == torch.bfloat16
+    if with_residual:
+        assert torch.equal(res, summed)
+    torch.testing.assert_close(out.scale, scale_ref, rtol=1e-6, atol=0)
+    diff = (out.q.float() - q_ref.float()).abs()
+    assert (diff <= REL_STEP * q_ref.float().abs() + 2.0**-9).all()
+    assert torch.equal(out.q[0].float(), torch.zeros(hidden, device=device)) or not with_residual
+
+
+def test_fp8_input_off_cuda_is_dequantized(gen):
+    """An `Fp8Input` where `_scaled_mm` cannot run: dequantized, then the usual path."""
+    x = torch.randn(5, 64, generator=gen).to(torch.bfloat16)
+    xq, x_scale = fg.per_token_quant_ref(x)
+    w, scale = fg.quantize_rows(torch.randn(48, 64, generator=gen))
+    quantized = fg.Fp8Input(xq, x_scale, x.shape, x.dtype)
+    out = fg.fp8_linear(quantized, w, scale)
+    assert torch.equal(out, fg.fp8_linear(quantized.dequantize(), w, scale))
+    want = fg.fp8_linear_ref(x, w, scale, quantize_input=True)  # in float32: bf16 roundings
+    torch.testing.assert_close(out.float(), want.float(), atol=0.06, rtol=0.02)
+    assert not fg.takes_fp8_input(x, w)  # nothing hands FP8 inputs over on the CPU
+
+
 def make_fp8(gen, m: int, n: int, k: int, bias: bool = False, device: str = "cpu"):
     x = torch.randn(m, k, generator=gen).to(dtype=torch.bfloat16, device=device)
     w, scale = fg.quantize_rows(torch.randn(n, k, generator=gen) / k**0.5)
@@ -173,3 +212,30 @@ def test_scaled_mm_vs_reference_gpu(gen, m):
     out16 = fg.scaled_mm_linear(x.half(), w, scale, b.half())
     assert out16.dtype == torch.float16
     torch.testing.assert_close(out16.float(), out.float(), atol=0.05, rtol=0.02)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 32, 33, 256])
+def test_rms_norm_hands_fp8_to_its_linear_gpu(gen, m):
+    """An FP8 qkv_proj after an RMSNorm: past the W8A16 range the norm quantizes for it, and
+    the projection matches the unfused norm + `fp8_linear`; within it, nothing changes."""
+    from inferengine.model.layers.linear import QKVParallelLinear
+    from inferengine.model.layers.norm import RMSNorm
+    from inferengine.model.quantization.fp8 import Fp8LinearMethod
+
+    hidden = 3584
+    proj = QKVParallelLinear(hidden, 128, 28, 4, bias=True).to("cuda", torch.bfloat16)
+    proj.quant_method = Fp8LinearMethod(proj, None, torch.bfloat16)
+    proj.quant_method.set_weight(proj, torch.randn(4608, hidden, generator=gen) / hidden**0.5)
+    proj.bias.data.copy_(torch.randn(4608, generator=gen))
+    norm = RMSNorm(hidden).to("cuda", torch.bfloat16)
+    norm.weight.data.copy_(1 + 0.1 * torch.randn(hidden, generator=gen))
+    x = torch.randn(m, hidden, generator=gen).to("cuda", torch.bfloat16)
+    residual = torch.randn(m, hidden, generator=gen).to("cuda", torch.bfloat16)
+
+    fused_in, fused_res = norm(x.clone(), residual.clone(), proj)
+    plain_in, plain_res = norm(x.clone(), residual.clone())
+    assert isinstance(fused_in, fg.Fp8Input) == (m > fg.DEFAULT_W8A16_MAX_M)
+    torch.testing.assert_close(fused_res, plain_res, atol=0, rtol=0)
+    torch.testing.assert_close(proj(fused_in), proj(plain_in), atol=0.02, rtol=0.02)

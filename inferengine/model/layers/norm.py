@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -21,15 +23,24 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        fp8_consumer: nn.Module | None = None,
+    ) -> Any:
         """`norm(x)`, or with a residual: `(norm(x + residual), x + residual)`.
 
-        On CUDA one fused kernel does both, in place on `x` and `residual`.
+        On CUDA one fused kernel does both, in place on `x` and `residual`. `fp8_consumer`: the
+        linear that alone reads the result; when its quant method would quantize it per token
+        (`takes_fp8_input`), the kernel hands it over quantized (`fp8_gemm.Fp8Input`) instead.
         """
         if use_fused_kernels(x):
-            from inferengine.kernels.norm import fused_add_rms_norm, rms_norm
+            from inferengine.kernels.norm import fused_add_rms_norm, rms_norm, rms_norm_fp8
 
+            takes = getattr(getattr(fp8_consumer, "quant_method", None), "takes_fp8_input", None)
+            if takes is not None and self.weight.dtype == x.dtype and takes(fp8_consumer, x):
+                quantized, residual = rms_norm_fp8(x, self.weight, self.eps, residual)
+                return quantized if residual is None else (quantized, residual)
             if residual is None:
                 return rms_norm(x, self.weight, self.eps)
             return fused_add_rms_norm(x, residual, self.weight, self.eps)

@@ -22,7 +22,13 @@ import torch
 from torch import nn
 
 from inferengine.errors import ModelLoadError
-from inferengine.kernels.fp8_gemm import FP8_DTYPE, fp8_linear, quantize_rows
+from inferengine.kernels.fp8_gemm import (
+    FP8_DTYPE,
+    Fp8Input,
+    fp8_linear,
+    quantize_rows,
+    takes_fp8_input,
+)
 from inferengine.logger import init_logger
 from inferengine.model.layers.linear import (
     ColumnParallelLinear,
@@ -68,8 +74,14 @@ class Fp8LinearMethod:
         layer.weight = weight  # keeps its place among the parameters (dummy weights' order)
         layer.weight_scale = scale
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor | Fp8Input, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         return fp8_linear(x, layer.weight, layer.weight_scale, bias)
+
+    def takes_fp8_input(self, layer: nn.Module, x: torch.Tensor) -> bool:
+        """Whether `apply` would quantize this x per token: the RMSNorm before may do it."""
+        return takes_fp8_input(x, layer.weight)
 
     def set_weight(self, layer: nn.Module, w: torch.Tensor) -> None:
         """The whole (this rank's) weight from a float tensor of its shape."""
