@@ -27,7 +27,7 @@ MIN_SCALE = 1e-12  # an all-zero row quantizes to zeros instead of dividing by z
 
 # Largest M at which the W8A16 skinny kernel beats per-token quantization + `torch._scaled_mm`,
 # keyed by (N, K), from `benchmarks/skinny_gemm.py --fp8`. Empty: on an H100 80GB HBM3 the
-# kernel won at every M up to 32 on all four Qwen2.5-7B projections (20261125T005301Z-skinny-
+# kernel won at every M up to 32 on all four Qwen2.5-7B projections (20261125T031132Z-skinny-
 # gemm), which is `DEFAULT_W8A16_MAX_M`, the skinny kernel's whole range.
 W8A16_MAX_M: dict[tuple[int, int], int] = {}
 DEFAULT_W8A16_MAX_M = 32
