@@ -103,8 +103,7 @@ def main() -> None:
     torch.cuda.synchronize()
     pipelined_ms = (time.perf_counter() - start) * 1e3 / args.steps
     while core._inflight:  # settle: the synchronous steps below start clean
-        so, pending, _ = core._inflight.popleft()
-        core.scheduler.update_from_output(so, pending.resolve())
+        core._collect(False)
     phases = [timed_step(core) for _ in range(args.steps)]
     step_ms = [sum(p.values()) for p in phases]
     trace_dir = Path(tempfile.mkdtemp())

@@ -45,6 +45,8 @@ class Fp8Input:
     dtype: torch.dtype
 
     def dequantize(self) -> torch.Tensor:
+        """The 16-bit tensor these FP8 values stand for (the fallback where `_scaled_mm` cannot
+        take them)."""
         return (self.q.float() * self.scale).to(self.dtype).view(self.shape)
 
 
@@ -146,6 +148,7 @@ def use_w8a16(m: int, n: int, k: int) -> bool:
 
 
 def _w8a16_applies(x: torch.Tensor, weight: torch.Tensor, m: int) -> bool:
+    """Whether this M is in the W8A16 kernel's range for this weight and x suits the kernel."""
     from inferengine.kernels import skinny_gemm as sg
 
     n, k = weight.shape

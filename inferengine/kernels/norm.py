@@ -3,6 +3,7 @@ also with the result quantized per token to FP8 for the linear after it."""
 
 import torch
 
+from inferengine.kernels.fp8_gemm import FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Input
 from inferengine.kernels.triton_utils import next_power_of_2, pdl_launch
 
 
@@ -94,11 +95,10 @@ def fused_add_rms_norm(
 
 def rms_norm_fp8(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-):
+) -> tuple[Fp8Input, torch.Tensor | None]:
     """`rms_norm(x, ...)`, or with a residual `fused_add_rms_norm(x, residual, ...)` (residual
     updated in place; x is not written), handed on quantized per token as `per_token_quant`
     would quantize it: `(Fp8Input, residual)`. x and weight share a 16-bit dtype."""
-    from inferengine.kernels.fp8_gemm import FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Input
     from inferengine.kernels.fp8_kernels import rms_norm_fp8_kernel
 
     assert weight.dtype == x.dtype and x.stride(-1) == 1

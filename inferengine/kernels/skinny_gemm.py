@@ -103,7 +103,8 @@ CONFIGS: dict[tuple[int, int, int], SkinnyConfig] = {
 
 # The same for FP8 weights (W8A16), keyed alike: the Qwen2.5-7B linears from an H100 80GB HBM3
 # sweep (`benchmarks/skinny_gemm.py --sweep --fp8`, 20261125T025200Z-skinny-gemm, which also
-# tries FP8's longer-K and 8-warp FMA tiles); other shapes get `default_config`.
+# tries FP8's longer-K and 8-warp FMA tiles; where it picked another config than the sweep
+# before it within ~3%, that is run-to-run noise); other shapes get `default_config`.
 FP8_CONFIGS: dict[tuple[int, int, int], SkinnyConfig] = {
     (4608, 3584, 1): SkinnyConfig(8, 512, 1, 8, 1, "fma"),  # qwen-qkv 2.11 TB/s
     (4608, 3584, 2): SkinnyConfig(4, 512, 1, 8, 1, "fma"),  # qwen-qkv 1.48 TB/s

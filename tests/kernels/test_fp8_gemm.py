@@ -57,25 +57,34 @@ def test_per_token_quant_kernel_matches_reference(gen, device, m, k):
 def test_rms_norm_fp8_matches_norm_then_quant(gen, device, rows, hidden, with_residual):
     """The RMSNorm with per-token FP8 quantization fused in: the same residual, scales and FP8
     values as the norm (as it would be stored in bf16) followed by `per_token_quant`."""
-    from inferengine.kernels.norm import rms_norm_fp8, rms_norm_ref
+    from inferengine.kernels.norm import fused_add_rms_norm, rms_norm, rms_norm_fp8, rms_norm_ref
 
     x = (torch.randn(rows, hidden, generator=gen) * 2).to(torch.bfloat16).to(device)
     residual = torch.randn(rows, hidden, generator=gen).to(torch.bfloat16).to(device)
     weight = (1 + 0.5 * torch.randn(hidden, generator=gen)).to(torch.bfloat16).to(device)
     x[0] = 0.0
-    if with_residual:
-        residual[0] = 0.0  # an all-zero row: the smallest scale, zeros out
+    residual[0] = 0.0  # an all-zero row either way: the smallest scale, zeros out
     summed = (x.float() + residual.float()).to(torch.bfloat16) if with_residual else x
     normed = rms_norm_ref(summed, weight, 1e-6)
     q_ref, scale_ref = fg.per_token_quant_ref(normed)
-    out, res = rms_norm_fp8(x, weight, 1e-6, residual if with_residual else None)
+    x_in = x.clone()
+    out, res = rms_norm_fp8(x, weight, 1e-6, residual.clone() if with_residual else None)
     assert isinstance(out, fg.Fp8Input) and out.shape == x.shape and out.dtype == torch.bfloat16
+    assert torch.equal(x, x_in)  # only the residual is written
+    assert torch.equal(res, summed) if with_residual else res is None
+    # The unfused kernels it replaces (norm, then per-token quantization): the same bytes.
     if with_residual:
-        assert torch.equal(res, summed)
+        chained, _ = fused_add_rms_norm(x.clone(), residual.clone(), weight, 1e-6)
+    else:
+        chained = rms_norm(x, weight, 1e-6)
+    q_chain, scale_chain = fg.per_token_quant(chained)
+    assert torch.equal(out.q.view(torch.uint8), q_chain.view(torch.uint8))
+    assert torch.equal(out.scale, scale_chain)
     torch.testing.assert_close(out.scale, scale_ref, rtol=1e-6, atol=0)
     diff = (out.q.float() - q_ref.float()).abs()
     assert (diff <= REL_STEP * q_ref.float().abs() + 2.0**-9).all()
-    assert torch.equal(out.q[0].float(), torch.zeros(hidden, device=device)) or not with_residual
+    assert torch.equal(out.q[0].float(), torch.zeros(hidden, device=device))
+    assert out.scale[0].item() == torch.tensor(fg.MIN_SCALE).item()  # float32
 
 
 def test_fp8_input_off_cuda_is_dequantized(gen):
@@ -215,7 +224,10 @@ def test_scaled_mm_vs_reference_gpu(gen, m):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+    reason="needs a GPU with FP8 tensor cores (compute capability 8.9+)",
+)
 @pytest.mark.parametrize("m", [1, 32, 33, 256])
 def test_rms_norm_hands_fp8_to_its_linear_gpu(gen, m):
     """An FP8 qkv_proj after an RMSNorm: past the W8A16 range the norm quantizes for it, and

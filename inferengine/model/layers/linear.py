@@ -31,6 +31,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class LinearMethod(Protocol):
+    """A layer's weight format and matmul. A method may also define
+    `takes_fp8_input(layer, x) -> bool`: when it says yes, the RMSNorm that makes x hands it
+    over already quantized (`fp8_gemm.Fp8Input`), and `apply` must take that (FP8 does)."""
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x Wᵀ + b with the layer's weights in this method's format."""
         ...

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
+from inferengine.kernels.fp8_gemm import Fp8Input
 from inferengine.model.layers.fused import use_fused_kernels
 
 
@@ -27,7 +26,7 @@ class RMSNorm(nn.Module):
         x: torch.Tensor,
         residual: torch.Tensor | None = None,
         fp8_consumer: nn.Module | None = None,
-    ) -> Any:
+    ) -> torch.Tensor | Fp8Input | tuple[torch.Tensor | Fp8Input, torch.Tensor]:
         """`norm(x)`, or with a residual: `(norm(x + residual), x + residual)`.
 
         On CUDA one fused kernel does both, in place on `x` and `residual`. `fp8_consumer`: the
@@ -38,7 +37,13 @@ class RMSNorm(nn.Module):
             from inferengine.kernels.norm import fused_add_rms_norm, rms_norm, rms_norm_fp8
 
             takes = getattr(getattr(fp8_consumer, "quant_method", None), "takes_fp8_input", None)
-            if takes is not None and self.weight.dtype == x.dtype and takes(fp8_consumer, x):
+            dense = x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1)
+            if (
+                takes is not None
+                and dense
+                and self.weight.dtype == x.dtype
+                and takes(fp8_consumer, x)
+            ):
                 quantized, residual = rms_norm_fp8(x, self.weight, self.eps, residual)
                 return quantized if residual is None else (quantized, residual)
             if residual is None:
