@@ -4,6 +4,7 @@ RMSNorm before a linear; the wrappers and torch references live in fp8_gemm.py a
 import triton
 import triton.language as tl
 
+from inferengine.kernels.fused_kernels import rms_norm_row
 from inferengine.kernels.pdl_kernels import pdl_enter
 
 
@@ -64,16 +65,11 @@ def rms_norm_fp8_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden_size
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-    if ADD_RESIDUAL:
-        residual = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + residual.to(tl.float32)).to(x.dtype)
-        tl.store(residual_ptr + row * stride_r + offs, x, mask=mask)
-    xf = x.to(tl.float32)
-    variance = tl.sum(xf * xf, 0) / hidden_size
-    normed = (xf * (1.0 / tl.sqrt(variance + eps))).to(x.dtype)
-    weight = tl.load(weight_ptr + offs, mask=mask, other=0.0)
-    out = (normed.to(tl.float32) * weight.to(tl.float32)).to(x.dtype).to(tl.float32)
+    out = rms_norm_row(
+        x_ptr, residual_ptr, weight_ptr, row, offs, mask, hidden_size, eps, stride_x, stride_r,
+        ADD_RESIDUAL,
+    )  # fmt: skip
+    out = out.to(x_ptr.dtype.element_ty).to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(out), axis=0) / FP8_MAX, MIN_SCALE)
     tl.store(scale_ptr + row, scale)
     q = tl.clamp(out / scale, -FP8_MAX, FP8_MAX)

@@ -72,6 +72,26 @@ def _quantize(x, scale, dtype, QUANT: tl.constexpr, FP8_MAX: tl.constexpr):
 
 
 @triton.jit
+def rms_norm_row(
+    x_ptr, residual_ptr, weight_ptr, row, offs, mask, hidden_size, eps, stride_x, stride_r,
+    ADD_RESIDUAL: tl.constexpr,
+):  # fmt: skip
+    """One row's weight * rmsnorm(x (+ residual)) in float32, not yet rounded; with ADD_RESIDUAL
+    the sum is stored back into the residual. HF order of rounding: (x + residual) rounds to the
+    input dtype, the normalized row rounds to the input dtype, then the weight multiplies it."""
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if ADD_RESIDUAL:
+        residual = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + residual.to(tl.float32)).to(x.dtype)
+        tl.store(residual_ptr + row * stride_r + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    variance = tl.sum(xf * xf, 0) / hidden_size
+    normed = (xf * (1.0 / tl.sqrt(variance + eps))).to(x.dtype)
+    weight = tl.load(weight_ptr + offs, mask=mask, other=0.0)
+    return normed.to(tl.float32) * weight.to(tl.float32)
+
+
+@triton.jit
 def rms_norm_kernel(
     x_ptr,
     residual_ptr,
@@ -86,22 +106,15 @@ def rms_norm_kernel(
     BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """One row per program. HF order of rounding: (x + residual) rounds to the input dtype,
-    the normalized row rounds to the input dtype, then the weight multiplies it."""
+    """One row per program: `rms_norm_row`, stored in the output's dtype."""
     pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden_size
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-    if ADD_RESIDUAL:
-        residual = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + residual.to(tl.float32)).to(x.dtype)
-        tl.store(residual_ptr + row * stride_r + offs, x, mask=mask)
-    xf = x.to(tl.float32)
-    variance = tl.sum(xf * xf, 0) / hidden_size
-    normed = (xf * (1.0 / tl.sqrt(variance + eps))).to(x.dtype)
-    weight = tl.load(weight_ptr + offs, mask=mask, other=0.0)
-    out = normed.to(tl.float32) * weight.to(tl.float32)
+    out = rms_norm_row(
+        x_ptr, residual_ptr, weight_ptr, row, offs, mask, hidden_size, eps, stride_x, stride_r,
+        ADD_RESIDUAL,
+    )  # fmt: skip
     tl.store(out_ptr + row * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
