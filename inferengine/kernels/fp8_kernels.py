@@ -62,13 +62,9 @@ def rms_norm_fp8_kernel(
     `per_token_quant_kernel` quantizes a row; the 16-bit normed row itself is never stored.
     The weight has x's dtype."""
     pdl_enter(USE_PDL)
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < hidden_size
-    out = rms_norm_row(
-        x_ptr, residual_ptr, weight_ptr, row, offs, mask, hidden_size, eps, stride_x, stride_r,
-        ADD_RESIDUAL,
-    )  # fmt: skip
+    out, row, offs, mask = rms_norm_row(
+        x_ptr, residual_ptr, weight_ptr, hidden_size, eps, stride_x, stride_r, ADD_RESIDUAL, BLOCK
+    )
     out = out.to(x_ptr.dtype.element_ty).to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(out), axis=0) / FP8_MAX, MIN_SCALE)
     tl.store(scale_ptr + row, scale)

@@ -73,12 +73,16 @@ def _quantize(x, scale, dtype, QUANT: tl.constexpr, FP8_MAX: tl.constexpr):
 
 @triton.jit
 def rms_norm_row(
-    x_ptr, residual_ptr, weight_ptr, row, offs, mask, hidden_size, eps, stride_x, stride_r,
-    ADD_RESIDUAL: tl.constexpr,
+    x_ptr, residual_ptr, weight_ptr, hidden_size, eps, stride_x, stride_r,
+    ADD_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """One row's weight * rmsnorm(x (+ residual)) in float32, not yet rounded; with ADD_RESIDUAL
-    the sum is stored back into the residual. HF order of rounding: (x + residual) rounds to the
-    input dtype, the normalized row rounds to the input dtype, then the weight multiplies it."""
+    """This program's row (program id 0) of weight * rmsnorm(x (+ residual)) in float32, not yet
+    rounded, with the row index, offsets and mask; with ADD_RESIDUAL the sum is stored back into
+    the residual. HF order of rounding: (x + residual) rounds to the input dtype, the normalized
+    row rounds to the input dtype, then the weight multiplies it."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < hidden_size
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     if ADD_RESIDUAL:
         residual = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0)
@@ -88,7 +92,7 @@ def rms_norm_row(
     variance = tl.sum(xf * xf, 0) / hidden_size
     normed = (xf * (1.0 / tl.sqrt(variance + eps))).to(x.dtype)
     weight = tl.load(weight_ptr + offs, mask=mask, other=0.0)
-    return normed.to(tl.float32) * weight.to(tl.float32)
+    return normed.to(tl.float32) * weight.to(tl.float32), row, offs, mask
 
 
 @triton.jit
@@ -108,13 +112,9 @@ def rms_norm_kernel(
 ):
     """One row per program: `rms_norm_row`, stored in the output's dtype."""
     pdl_enter(USE_PDL)
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < hidden_size
-    out = rms_norm_row(
-        x_ptr, residual_ptr, weight_ptr, row, offs, mask, hidden_size, eps, stride_x, stride_r,
-        ADD_RESIDUAL,
-    )  # fmt: skip
+    out, row, offs, mask = rms_norm_row(
+        x_ptr, residual_ptr, weight_ptr, hidden_size, eps, stride_x, stride_r, ADD_RESIDUAL, BLOCK
+    )
     tl.store(out_ptr + row * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
