@@ -250,3 +250,68 @@ def test_config_json_fp8_detected_by_engine_args(tiny_checkpoint, tmp_path):
     config = EngineArgs(model=str(fp8_dir), device="cpu").create_engine_config()
     assert config.model_config.quantization == "fp8"
     assert json.loads((fp8_dir / "config.json").read_text())["quantization_config"]
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_ARCHS))
+def test_norms_hand_fp8_activations_only_to_their_sole_reader(tiny_checkpoint, monkeypatch, arch):
+    """As on a GPU past the W8A16 range (here with torch stand-ins for the kernels): the RMSNorm
+    before qkv_proj and a dense gate_up_proj hands them FP8 activations; no other linear ever
+    gets one (Gemma's norms and MoE blocks keep the plain path), and the logits change only by
+    the activations' rounding."""
+    from inferengine.kernels import norm as norm_kernels
+    from inferengine.kernels.fp8_gemm import Fp8Input, per_token_quant_ref
+    from inferengine.model.layers import norm as norm_layer
+
+    path = tiny_checkpoint(arch)
+    model, config = load(path, "fp8")
+    plain = logits_of(model, config)
+
+    def rms_norm_fp8(x, weight, eps, residual=None):
+        if residual is None:
+            normed = norm_kernels.rms_norm_ref(x, weight, eps)
+        else:
+            normed, residual = norm_kernels.fused_add_rms_norm_ref(x.clone(), residual, weight, eps)
+        q, scale = per_token_quant_ref(normed.reshape(-1, x.shape[-1]))
+        return Fp8Input(q, scale, x.shape, x.dtype), residual
+
+    names = {id(m): name for name, m in model.named_modules()}
+
+    def short(layer) -> str:  # "qkv_proj@3": the projection and its layer
+        parts = names[id(layer)].split(".")
+        return f"{parts[-1]}@{parts[2]}"
+
+    asked: set[str] = set()
+    handed: set[str] = set()
+    apply = Fp8LinearMethod.apply
+
+    def recording_apply(self, layer, x, bias):
+        if isinstance(x, Fp8Input):
+            handed.add(short(layer))
+        return apply(self, layer, x, bias)
+
+    def takes_fp8_input(self, layer, x) -> bool:
+        asked.add(short(layer))
+        return True
+
+    monkeypatch.setattr(norm_layer, "use_fused_kernels", lambda x: True)
+    monkeypatch.setattr(norm_kernels, "rms_norm", norm_kernels.rms_norm_ref)
+    monkeypatch.setattr(norm_kernels, "fused_add_rms_norm", norm_kernels.fused_add_rms_norm_ref)
+    monkeypatch.setattr(norm_kernels, "rms_norm_fp8", rms_norm_fp8)
+    monkeypatch.setattr(Fp8LinearMethod, "takes_fp8_input", takes_fp8_input)
+    monkeypatch.setattr(Fp8LinearMethod, "apply", recording_apply)
+    fused = logits_of(model, config)
+
+    layers = len(model.model.layers)
+    assert asked == handed  # the norm asks the linear that then reads its output
+    kinds = {h.split("@")[0] for h in handed}
+    assert kinds <= {"qkv_proj", "gate_up_proj"}, handed
+    if arch.startswith("gemma"):
+        assert not handed
+    else:
+        assert {f"qkv_proj@{i}" for i in range(layers)} <= handed, handed
+        dense = [
+            i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "gate_up_proj")
+        ]
+        assert {f"gate_up_proj@{i}" for i in dense} == {h for h in handed if "gate_up" in h}
+    stats = compare_logits(plain, fused)
+    assert stats.mean_kl < 0.01, stats
