@@ -147,25 +147,25 @@ def use_w8a16(m: int, n: int, k: int) -> bool:
     return m <= W8A16_MAX_M.get((n, k), DEFAULT_W8A16_MAX_M)
 
 
-def _w8a16_applies(x: torch.Tensor, weight: torch.Tensor, m: int) -> bool:
-    """Whether this M is in the W8A16 kernel's range for this weight and x suits the kernel."""
-    from inferengine.kernels import skinny_gemm as sg
-
+def _path(x: torch.Tensor, weight: torch.Tensor) -> str:
+    """Which way `fp8_linear` multiplies this x: "w8a16" (the skinny kernel, decode-sized M),
+    "scaled_mm" (x quantized per token, `torch._scaled_mm`) or "dequantize" (`F.linear`)."""
     n, k = weight.shape
-    return use_w8a16(m, n, k) and sg.supports(x, weight)
+    m = x.numel() // max(1, k)
+    if x.is_cuda and m > 0 and _fp8_capable(x.device.index or 0):
+        from inferengine.kernels import skinny_gemm as sg
+
+        if use_w8a16(m, n, k) and sg.supports(x, weight):
+            return "w8a16"
+        if scaled_mm_supported(x, weight):
+            return "scaled_mm"
+    return "dequantize"
 
 
 def takes_fp8_input(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `fp8_linear(x, weight, ...)` would quantize x per token for `torch._scaled_mm`:
     then the RMSNorm that makes x may as well hand it over quantized (`Fp8Input`)."""
-    m = x.numel() // max(1, weight.shape[1])
-    return (
-        x.is_cuda
-        and m > 0
-        and _fp8_capable(x.device.index or 0)
-        and not _w8a16_applies(x, weight, m)
-        and scaled_mm_supported(x, weight)
-    )
+    return _path(x, weight) == "scaled_mm"
 
 
 def fp8_linear(
@@ -182,14 +182,13 @@ def fp8_linear(
         if scaled_mm_supported(x, weight):
             return scaled_mm_linear(x, weight, weight_scale, bias)
         x = x.dequantize()
-    m = x.numel() // max(1, weight.shape[1])
-    if x.is_cuda and m > 0 and _fp8_capable(x.device.index or 0):
+    path = _path(x, weight)
+    if path == "w8a16":
         from inferengine.kernels import skinny_gemm as sg
 
-        if _w8a16_applies(x, weight, m):
-            return sg.skinny_linear(x, weight, bias, weight_scale=weight_scale)
-        if scaled_mm_supported(x, weight):
-            return scaled_mm_linear(x, weight, weight_scale, bias)
+        return sg.skinny_linear(x, weight, bias, weight_scale=weight_scale)
+    if path == "scaled_mm":
+        return scaled_mm_linear(x, weight, weight_scale, bias)
     return F.linear(x, dequantize_rows(weight, weight_scale, x.dtype), bias)
 
 
