@@ -56,7 +56,7 @@ class Attention(nn.Module):
             if self.backend.fuses_rotary and rotary_emb.fusable_into_kv_store(query):
                 fused_rotary = RotaryInputs(positions, rotary_emb.cos_sin_cache)
             else:
-                query, key = rotary_emb(positions, query, key)
+                query, key = rotary_emb(positions, query, key, metadata.per_step)
         out = self.backend.forward(
             s,
             query.view(num_tokens, s.num_heads, s.head_dim),

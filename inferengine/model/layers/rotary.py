@@ -195,28 +195,46 @@ class RotaryEmbedding(nn.Module):
         return rotary_store_kv_supported(self.head_dim, self.rotary_dim)
 
     def forward(
-        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        per_step: dict[Any, Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """query [T, Hq·D], key [T, Hkv·D] → rotated (in place on CUDA, copies on the CPU)."""
+        """query [T, Hq·D], key [T, Hkv·D] → rotated (in place on CUDA, copies on the CPU).
+        `per_step`: a dict that lives for one step (`AttentionMetadata.per_step`), where the
+        CPU path keeps the step's cos/sin rows for every layer that shares this table."""
         if use_fused_kernels(query):
             from inferengine.kernels.rotary import rotary_embedding
 
             return rotary_embedding(positions, query, key, self.cos_sin_cache, self.head_dim)
         if self.rotary_dim == self.head_dim:
-            return self._rotate_whole_heads(positions, query, key)
+            return self._rotate_whole_heads(positions, query, key, per_step)
         cos_sin = self.cos_sin_cache[positions]
         cos, sin = cos_sin.chunk(2, dim=-1)
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
 
     def _rotate_whole_heads(
-        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        per_step: dict[Any, Any] | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`_rotate`'s products and sums in fewer ops (each costs microseconds on a CPU): the
-        tables are built once for query and key, and rotate-half is a roll of each head with
-        the sign folded into sin: x·cos + roll(x)·(−sin | sin) = x·cos + (−x2 | x1)·sin."""
-        cos, sin = self.cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
-        cos = torch.cat([cos, cos], dim=-1).unsqueeze(1).to(query.dtype)
-        sin = torch.cat([-sin, sin], dim=-1).unsqueeze(1).to(query.dtype)
+        tables are built once for query and key (and, given `per_step`, once for every layer
+        of the step), and rotate-half is a roll of each head with the sign folded into sin:
+        x·cos + roll(x)·(−sin | sin) = x·cos + (−x2 | x1)·sin."""
+        step_key = ("rotary", id(self.cos_sin_cache), query.dtype)
+        kept = None if per_step is None else per_step.get(step_key)
+        if kept is not None and kept[0] is positions:  # the same positions tensor
+            cos, sin = kept[1], kept[2]
+        else:
+            cos, sin = self.cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
+            cos = torch.cat([cos, cos], dim=-1).unsqueeze(1).to(query.dtype)
+            sin = torch.cat([-sin, sin], dim=-1).unsqueeze(1).to(query.dtype)
+            if per_step is not None:
+                per_step[step_key] = (positions, cos, sin)
         half = self.head_dim // 2
 
         def rotate(x: torch.Tensor) -> torch.Tensor:
