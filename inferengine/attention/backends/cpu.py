@@ -8,9 +8,9 @@ only where that pays:
   in float32: torch's CPU SDPA on bfloat16 is 5-10x slower at one query a sequence than on
   float32 (oneDNN's small bf16 GEMMs). K/V pages keep the cache's dtype; the gathered rows are
   widened, which is exact, so only the attention math is more precise than the reference's;
-- what every layer of a step shares (which pages to gather, the padding mask as an additive
-  bias, whether any slot is padding, which rows decode) is built once per step in
-  `metadata.per_step`;
+- what every layer of a step shares (which K/V rows to gather, the padding mask as an
+  additive bias, whether any slot is padding, which sequences have one query) is built once
+  per step in `metadata.per_step`;
 - a sequence with several query tokens (a prompt or a chunk of one) attends on its own, as in
   the reference, but through SDPA's batched (4-D) form, which takes torch's flash kernel for
   the CPU instead of the math fallback a 3-D call gets (1.6x faster for a 128-token prompt).
@@ -118,12 +118,17 @@ def _attend_one_query_each(
     spec: AttentionSpec, query: torch.Tensor, kv_cache: torch.Tensor, step: _DecodeStep
 ) -> torch.Tensor:
     """query [B, Hq, D], one token of each of the step's B sequences → [B, Hq, D], attending
-    in float32 over the sequences' gathered pages."""
-    b, length = step.batch, step.length
-    pages = as_bytes(kv_cache).flatten(2).index_select(1, step.page_ids)
-    pages = pages.view(kv_cache.dtype).view(2, b, -1, *kv_cache.shape[3:])[:, :, :length]
-    k = dequantize(pages[0], spec.k_scale, torch.float32).transpose(1, 2)  # [B, Hkv, L, D]
-    v = dequantize(pages[1], spec.v_scale, torch.float32).transpose(1, 2)
+    in float32 over their K/V, gathered row by row into head-major [B, Hkv, L, D]: SDPA reads
+    that contiguous layout 1.3-1.5x faster than a transposed view of whole gathered pages,
+    which more than pays for gathering 256-byte rows instead of pages."""
+    _, _, _, num_kv_heads, head_dim = kv_cache.shape
+    rows = step.rows(num_kv_heads)
+    flat = as_bytes(kv_cache).view(2, -1, head_dim)  # one row per (slot, K/V head)
+    shape = (step.batch, num_kv_heads, step.length, head_dim)
+    k = flat[0].index_select(0, rows).view(kv_cache.dtype).view(shape)  # [B, Hkv, L, D]
+    v = flat[1].index_select(0, rows).view(kv_cache.dtype).view(shape)
+    k = dequantize(k, spec.k_scale, torch.float32)
+    v = dequantize(v, spec.v_scale, torch.float32)
     q = query.unsqueeze(2).float()  # [B, Hq, 1, D]
     if spec.logits_soft_cap is None:
         bias = step.bias(spec.sliding_window)
@@ -137,7 +142,7 @@ def _attend_one_query_each(
 
 
 class _DecodeStep:
-    """What every layer of one step shares about its one-query sequences: the pages to
+    """What every layer of one step shares about its one-query sequences: the K/V rows to
     gather, the padding masks (and, in a decode step, the slots their K/V go to)."""
 
     def __init__(
@@ -150,9 +155,11 @@ class _DecodeStep:
     ):
         self.batch = seq_lens.shape[0]
         self.length = length
+        self.block_size = block_size
         num_blocks = -(-length // block_size)
-        self.page_ids = block_table[:, :num_blocks].long().flatten()
+        self.page_ids = block_table[:, :num_blocks].long()
         self.slots = slots
+        self._rows: dict[int, torch.Tensor] = {}
         self._seq_lens = seq_lens.unsqueeze(1)
         self._masks: dict[int | None, torch.Tensor] = {}
         self._biases: dict[int | None, torch.Tensor] = {}
@@ -168,6 +175,17 @@ class _DecodeStep:
             kv_cache.shape[2],
             slots,
         )
+
+    def rows(self, num_kv_heads: int) -> torch.Tensor:
+        """[B·Hkv·L] row indices into a cache viewed as [slots · Hkv, D]: sequence b's K/V
+        head h at position j is row (slot(b, j) · Hkv + h)."""
+        if num_kv_heads not in self._rows:
+            offsets = torch.arange(self.block_size, device=self.page_ids.device)
+            slots = (self.page_ids[:, :, None] * self.block_size + offsets).flatten(1)
+            slots = slots[:, : self.length]  # [B, L]
+            heads = torch.arange(num_kv_heads, device=slots.device)[None, :, None]
+            self._rows[num_kv_heads] = (slots[:, None, :] * num_kv_heads + heads).flatten()
+        return self._rows[num_kv_heads]
 
     def mask(self, sliding_window: int | None) -> torch.Tensor:
         """[B, 1, 1, L] True where a sequence's query may see key position j."""
