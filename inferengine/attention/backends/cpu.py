@@ -4,10 +4,11 @@ On a CPU every torch op costs microseconds however small its tensors, and a deco
 small model is thousands of them, so this backend differs from the reference (`torch_ref.py`)
 only where that pays:
 - sequences with one query token (every sequence of a decode step, and the decoding sequences
-  of a step that also prefills) attend together, in one SDPA call over their gathered pages,
-  in float32: torch's CPU SDPA on bfloat16 is 5-10x slower at one query a sequence than on
-  float32 (oneDNN's small bf16 GEMMs). K/V pages keep the cache's dtype; the gathered rows are
-  widened, which is exact, so only the attention math is more precise than the reference's;
+  of a step that also prefills) attend together, in one SDPA call over their gathered K/V
+  rows, in float32: torch's CPU SDPA on bfloat16 is 5-10x slower at one query a sequence
+  than on float32 (oneDNN's small bf16 GEMMs). K/V pages keep the cache's dtype; the gathered
+  rows are widened, which is exact, so only the attention math is more precise than the
+  reference's;
 - what every layer of a step shares (which K/V rows to gather, the padding mask as an
   additive bias, whether any slot is padding, which sequences have one query) is built once
   per step in `metadata.per_step`;
