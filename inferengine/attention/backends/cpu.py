@@ -26,8 +26,7 @@ from inferengine.attention.backends.base import AttentionSpec, RotaryInputs
 from inferengine.attention.backends.torch_ref import (
     TorchAttentionBackend,
     attend,
-    causal_mask,
-    gather_kv,
+    attend_chunk,
     store_kv_torch,
 )
 from inferengine.attention.metadata import AttentionMetadata
@@ -106,12 +105,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
                 0, plan.decode_tokens, _attend_one_query_each(spec, rows, kv_cache, plan.decode)
             )
         for i, q_start, q_end, seq_len in plan.chunks:
-            k, v = gather_kv(kv_cache, metadata.block_table[i], seq_len)
-            k = dequantize(k, spec.k_scale, query.dtype).transpose(0, 1)[None]  # [1, Hkv, S, D]
-            v = dequantize(v, spec.v_scale, query.dtype).transpose(0, 1)[None]
-            q = query[q_start:q_end].transpose(0, 1)[None]  # [1, Hq, q_len, D]
-            mask = causal_mask(q_end - q_start, seq_len, spec.sliding_window, query.device)
-            out[q_start:q_end] = attend(q, k, v, mask, spec)[0].transpose(0, 1)
+            chunk = query[q_start:q_end]
+            table = metadata.block_table[i]
+            out[q_start:q_end] = attend_chunk(spec, chunk, kv_cache, table, seq_len, batched=True)
         return out
 
 

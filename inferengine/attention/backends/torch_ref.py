@@ -97,6 +97,27 @@ def attend(
     return torch.matmul(probs, v)
 
 
+def attend_chunk(
+    spec: AttentionSpec,
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_ids: torch.Tensor,
+    seq_len: int,
+    batched: bool = False,
+) -> torch.Tensor:
+    """query [q_len, Hq, D], the last q_len tokens of a sequence of `seq_len`, attending
+    causally over its pages → [q_len, Hq, D]. `batched`: SDPA's 4-D form, which takes torch's
+    CPU flash kernel; the 3-D form (the reference's) takes the math path."""
+    k, v = gather_kv(kv_cache, block_ids, seq_len)
+    k = dequantize(k, spec.k_scale, query.dtype).transpose(0, 1)  # [Hkv, S, D]
+    v = dequantize(v, spec.v_scale, query.dtype).transpose(0, 1)
+    q = query.transpose(0, 1)  # [Hq, q_len, D]
+    mask = causal_mask(query.shape[0], seq_len, spec.sliding_window, query.device)
+    if batched:
+        return attend(q[None], k[None], v[None], mask, spec)[0].transpose(0, 1)
+    return attend(q, k, v, mask, spec).transpose(0, 1)
+
+
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
@@ -123,13 +144,10 @@ class TorchAttentionBackend(AttentionBackend):
             q_start, q_end = starts[i], starts[i + 1]
             if q_end == q_start:
                 continue
-            k, v = gather_kv(kv_cache, metadata.block_table[i], seq_len)
-            k = dequantize(k, spec.k_scale, query.dtype)
-            v = dequantize(v, spec.v_scale, query.dtype)
-            q = query[q_start:q_end].transpose(0, 1)  # [Hq, q_len, D]
-            mask = causal_mask(q_end - q_start, seq_len, spec.sliding_window, query.device)
-            o = attend(q, k.transpose(0, 1), v.transpose(0, 1), mask, spec)
-            out[q_start:q_end] = o.transpose(0, 1)
+            chunk = query[q_start:q_end]
+            out[q_start:q_end] = attend_chunk(
+                spec, chunk, kv_cache, metadata.block_table[i], seq_len
+            )
         return out
 
     def _decode(
