@@ -59,6 +59,12 @@ def replica_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(forwarded)}
 
 
+def cpu_kernels() -> bool:
+    """Our C++ CPU kernels may be built and used (`INFERENGINE_CPU_KERNELS=0` keeps the torch
+    ops instead, for comparisons and debugging)."""
+    return os.environ.get("INFERENGINE_CPU_KERNELS", "1") != "0"
+
+
 def omp_num_threads() -> str | None:
     """`OMP_NUM_THREADS` as the user set it (torch reads it too): when set, the engine leaves
     torch's CPU thread count alone."""

@@ -53,7 +53,7 @@ class Attention(nn.Module):
         fused_rotary = None
         if rotary_emb is not None:
             assert positions is not None
-            if self.backend.fuses_rotary and rotary_emb.fusable_into_kv_store(query):
+            if self.backend.takes_rotary(rotary_emb, query, kv_cache, metadata):
                 fused_rotary = RotaryInputs(positions, rotary_emb.cos_sin_cache)
             else:
                 query, key = rotary_emb(positions, query, key, metadata.per_step)

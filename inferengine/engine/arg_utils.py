@@ -107,7 +107,7 @@ class EngineArgs:
             )
         resolved = resolve_model(self.model, self.load_format, self.revision)
         if dtype_name == "auto":
-            dtype_name = _auto_dtype(device, resolved.path)
+            dtype_name = _auto_dtype(device)
         hf, native = _model_implementation(resolved.hf_config, self.model_impl)
         from inferengine.model.quantization.formats import resolve_quantization
 
@@ -370,16 +370,11 @@ def _check_revision(model: str, revision: str | None) -> None:
         )
 
 
-def _auto_dtype(device: str, model_path: Path) -> str:
-    """bfloat16 on CUDA; on the CPU for a quantized GGUF (its weights are 4 to 8 bits already,
-    so float32 is no closer to them) where the CPU computes bf16 natively; float32 otherwise
-    (Transformers' reference precision for Hugging Face checkpoints)."""
-    if device == "cuda":
-        return "bfloat16"
-    from inferengine.model.loader.gguf_source import stores_quantized_weights
-    from inferengine.worker.cpu_env import native_bf16
-
-    return "bfloat16" if native_bf16() and stores_quantized_weights(model_path) else "float32"
+def _auto_dtype(device: str) -> str:
+    """bfloat16 on CUDA; float32 on the CPU: Transformers' reference precision for Hugging Face
+    checkpoints, and for a quantized GGUF what our kernels take (as fast as bfloat16 there,
+    `benchmarks/cpu_decode_step.py`, and a bfloat16 residual stream flips near-tied answers)."""
+    return "bfloat16" if device == "cuda" else "float32"
 
 
 def _resolve_device(device: str) -> str:

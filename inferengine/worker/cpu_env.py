@@ -1,12 +1,10 @@
-"""What the CPU offers the engine: native bf16 arithmetic, the cores this process may use (its
-CPU affinity and cgroup quota), and torch's thread count set from them."""
+"""What the CPU offers the engine: the cores this process may use (its CPU affinity and cgroup
+quota), and torch's thread count set from them."""
 
 from __future__ import annotations
 
-import functools
 import math
 import os
-import platform
 from pathlib import Path
 
 from inferengine import envs
@@ -14,31 +12,7 @@ from inferengine.logger import init_logger
 
 logger = init_logger(__name__)
 
-_X86_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 _threads_logged: int | None = None
-
-
-@functools.cache
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The first core's feature flags (`flags` on x86, `Features` on Arm); empty if unknown."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
-
-
-def native_bf16(flags: frozenset[str] | None = None) -> bool:
-    """The CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX on x86, BF16 on Arm), so
-    bf16 matmuls run at up to twice float32's speed instead of being emulated."""
-    flags = cpu_flags() if flags is None else flags
-    if flags & _X86_BF16_FLAGS:
-        return True
-    return platform.machine().lower() in ("aarch64", "arm64") and "bf16" in flags
 
 
 def available_cores(

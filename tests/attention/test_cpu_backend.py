@@ -1,8 +1,8 @@
 """The CPU backend against the torch reference on random paged steps: the same pages stored,
-the same attention (its one-query rows attend in float32 and prompt chunks take SDPA's flash
-kernel, so it agrees to rounding), with and without padding rows, sliding windows,
-soft-capping, GQA and an fp8 cache; mixed steps batch their one-query rows; `auto` picks it on
-the CPU."""
+the same attention (its one-query rows attend in float32, through our C++ kernel or torch ops,
+and prompt chunks take SDPA's flash kernel, so it agrees to rounding), with and without padding
+rows, sliding windows, soft-capping, GQA and an fp8 cache; mixed steps batch their one-query
+rows; `auto` picks it on the CPU."""
 
 import zlib
 
@@ -14,6 +14,7 @@ from inferengine.attention.autotune import AttentionShape
 from inferengine.attention.backends.base import AttentionSpec
 from inferengine.attention.backends.cpu import CpuAttentionBackend
 from inferengine.attention.backends.torch_ref import TorchAttentionBackend
+from inferengine.kernels import cpu_native
 from inferengine.kernels.kv_quant import as_bytes, quantize
 from tests.attention.test_flex_backend import CASES, paged_step
 
@@ -21,6 +22,16 @@ from tests.attention.test_flex_backend import CASES, paged_step
 @pytest.fixture
 def gen(request: pytest.FixtureRequest) -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture(params=["native", "torch"])
+def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Decode steps through our C++ kernel, or (where it cannot be built) torch ops."""
+    if request.param == "native" and cpu_native.native_ops() is None:
+        pytest.fail(f"our CPU kernels did not build: {cpu_native.unavailable_reason()}")
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_native, "native_ops", lambda: None)
+    return request.param
 
 
 def _run(backend, spec, q, k, v, cache, md):
@@ -35,7 +46,7 @@ def _run(backend, spec, q, k, v, cache, md):
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)])
 @pytest.mark.parametrize("case", CASES)
 def test_cpu_backend_matches_the_reference(gen, case, heads, kv_heads, sliding_window, cap,
-                                           padding, dtype):  # fmt: skip
+                                           padding, dtype, kernels):  # fmt: skip
     q_lens, seq_lens = CASES[case]
     shared = 1 if case == "mixed_with_prefix_hits" else 0
     q, k, v, cache, md = paged_step(
@@ -69,7 +80,7 @@ def test_cpu_backend_matches_the_reference(gen, case, heads, kv_heads, sliding_w
     assert out.dtype == dtype and out.shape == q.shape
 
 
-def test_second_layer_of_a_step_reuses_the_step_and_matches(gen):
+def test_second_layer_of_a_step_reuses_the_step_and_matches(gen, kernels):
     q_lens, seq_lens = CASES["decode"]
     q, k, v, cache, md = paged_step(
         gen, q_lens, seq_lens, heads=8, kv_heads=2, head_dim=16, block_size=4
@@ -77,12 +88,13 @@ def test_second_layer_of_a_step_reuses_the_step_and_matches(gen):
     spec = AttentionSpec(8, 2, 16, 0.25, 6)
     backend = CpuAttentionBackend()
     first = backend.forward(spec, q, k, v, cache.clone(), md)
-    assert "cpu_decode" in md.per_step
+    assert ("cpu_decode" in md.per_step) is (kernels == "torch")  # the kernel needs no plan
     second = backend.forward(spec, q, k, v, cache.clone(), md)
     assert torch.equal(first, second)
     plain = AttentionSpec(8, 2, 16, 0.25)  # another window in the same step: its own mask
     expected = TorchAttentionBackend().forward(plain, q, k, v, cache.clone(), md)
-    torch.testing.assert_close(backend.forward(plain, q, k, v, cache.clone(), md), expected)
+    got = backend.forward(plain, q, k, v, cache.clone(), md)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)  # float32's rounding
 
 
 def test_fp8_cache_stores_and_reads_like_the_reference(gen):

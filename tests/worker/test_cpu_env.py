@@ -1,4 +1,4 @@
-"""The CPU's offer: native bf16 from its flags, cores from affinity and cgroup quota, threads."""
+"""The CPU's offer: cores from affinity and cgroup quota, threads."""
 
 from __future__ import annotations
 
@@ -8,17 +8,6 @@ import pytest
 import torch
 
 from inferengine.worker import cpu_env
-
-
-def test_native_bf16_from_cpu_flags(tmp_path):
-    info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n\n")
-    flags = cpu_env.cpu_flags.__wrapped__(info)
-    assert "avx512_bf16" in flags
-    assert cpu_env.native_bf16(flags)
-    assert cpu_env.native_bf16(frozenset({"amx_bf16"}))
-    assert not cpu_env.native_bf16(frozenset({"avx2", "avx512f"}))
-    assert cpu_env.cpu_flags.__wrapped__(tmp_path / "missing") == frozenset()
 
 
 def _cgroup(tmp_path, cpu_max: str | None, nested: str | None = None):

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from inferengine.attention.metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from inferengine.model.layers.rotary import RotaryEmbedding
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,17 @@ class AttentionBackend(ABC):
     cuda_graph_safe: bool = False
     # True when forward can take `rotary` and rotate the (unrotated) query and key itself.
     fuses_rotary: bool = False
+
+    def takes_rotary(
+        self,
+        rotary_emb: RotaryEmbedding,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> bool:
+        """Whether this forward should get `rotary` (unrotated query and key) rather than
+        rotated ones."""
+        return self.fuses_rotary and rotary_emb.fusable_into_kv_store(query)
 
     @abstractmethod
     def forward(

@@ -3,6 +3,9 @@
 On a CPU every torch op costs microseconds however small its tensors, and a decode step of a
 small model is thousands of them, so this backend differs from the reference (`torch_ref.py`)
 only where that pays:
+- where our C++ kernels load (`kernels/cpu_native.py`), a decode step is one of them per
+  layer: it rotates the new query and key, stores K/V into their pages and attends over the
+  pages as they lie, in float32 (`kernels/csrc/decode_attention.cpp`); otherwise:
 - sequences with one query token (every sequence of a decode step, and the decoding sequences
   of a step that also prefills) attend together, in one SDPA call over their gathered K/V
   rows, in float32: torch's CPU SDPA on bfloat16 is 5-10x slower at one query a sequence
@@ -19,6 +22,8 @@ only where that pays:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 import torch.nn.functional as F
 
@@ -30,7 +35,11 @@ from inferengine.attention.backends.torch_ref import (
     store_kv_torch,
 )
 from inferengine.attention.metadata import AttentionMetadata
+from inferengine.kernels.cpu_native import cpu_ops
 from inferengine.kernels.kv_quant import as_bytes, dequantize, quantize
+
+if TYPE_CHECKING:
+    from inferengine.model.layers.rotary import RotaryEmbedding
 
 _DECODE_KEY = "cpu_decode"
 _MIXED_KEY = "cpu_mixed"
@@ -38,6 +47,21 @@ _MIXED_KEY = "cpu_mixed"
 
 class CpuAttentionBackend(TorchAttentionBackend):
     name = "cpu"
+
+    def takes_rotary(
+        self,
+        rotary_emb: RotaryEmbedding,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> bool:
+        """A decode step our C++ kernel runs rotates its query and key there."""
+        return (
+            metadata.is_decode
+            and query.shape[0] == metadata.num_seqs
+            and rotary_emb.cos_sin_cache.dtype == torch.float32
+            and _native(query, kv_cache) is not None
+        )
 
     def forward(
         self,
@@ -51,6 +75,22 @@ class CpuAttentionBackend(TorchAttentionBackend):
     ) -> torch.Tensor:
         if not metadata.is_decode:
             return self._mixed(spec, query, key, value, kv_cache, metadata)
+        ops = _native(query, kv_cache)
+        if ops is not None and query.shape[0] == metadata.num_seqs:
+            return ops.decode_attention(
+                query,
+                key,
+                value,
+                kv_cache,
+                metadata.slot_mapping,
+                metadata.block_table,
+                metadata.seq_lens,
+                None if rotary is None else rotary.positions,
+                None if rotary is None else rotary.cos_sin_cache,
+                spec.scale,
+                spec.sliding_window or 0,
+                spec.logits_soft_cap or 0.0,
+            )
         step = metadata.per_step.get(_DECODE_KEY)
         if step is None:
             step = metadata.per_step[_DECODE_KEY] = _DecodeStep.of_decode(metadata, kv_cache)
@@ -109,6 +149,13 @@ class CpuAttentionBackend(TorchAttentionBackend):
             table = metadata.block_table[i]
             out[q_start:q_end] = attend_chunk(spec, chunk, kv_cache, table, seq_len, batched=True)
         return out
+
+
+def _native(query: torch.Tensor, kv_cache: torch.Tensor) -> Any | None:
+    """Our C++ kernels, where they run this decode step (the cache's dtype is one they read)."""
+    if kv_cache.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return None
+    return cpu_ops(query)
 
 
 def _attend_one_query_each(

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inferengine.kernels.cpu_native import cpu_ops
 from inferengine.model.layers.fused import use_fused_kernels
 
 
@@ -17,5 +18,8 @@ class SiluAndMul(nn.Module):
             from inferengine.kernels.activation import silu_and_mul
 
             return silu_and_mul(x)
+        ops = cpu_ops(x)
+        if ops is not None and x.is_contiguous():
+            return ops.silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up

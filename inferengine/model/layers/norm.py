@@ -1,4 +1,5 @@
-"""RMSNorm with an optional fused residual add, computed in float32 like Transformers."""
+"""RMSNorm with an optional fused residual add, computed in float32 like Transformers (one
+Triton kernel on CUDA, one C++ op on the CPU where our kernels load)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inferengine.kernels.cpu_native import cpu_ops
 from inferengine.kernels.fp8_gemm import Fp8Input
 from inferengine.model.layers.fused import use_fused_kernels
 
@@ -53,6 +55,13 @@ class RMSNorm(nn.Module):
             if residual is None:
                 return rms_norm(x, self.weight, self.eps)
             return fused_add_rms_norm(x, residual, self.weight, self.eps)
+        ops = cpu_ops(x)
+        if ops is not None and x.is_contiguous() and self.weight.dtype in (x.dtype, torch.float32):
+            # One C++ op for the add and the norm, in place like the CUDA kernel.
+            if residual is None:
+                return ops.rms_norm(x, None, self.weight, self.eps)
+            if residual.is_contiguous() and residual.dtype == x.dtype:
+                return ops.rms_norm(x, residual, self.weight, self.eps), residual
         if residual is None:
             return self._norm(x)
         residual = x + residual

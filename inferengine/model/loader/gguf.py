@@ -1,7 +1,7 @@
 """Converts a Llama or Gemma 2/3 GGUF file into a Hugging Face-style float32 model folder.
 
 The folder keeps the GGUF itself and an index of its tensors (`gguf_source.py`): on the CPU the
-loader takes the 4-bit weights from it as they are (`gguf_int4.py`)."""
+loader takes the quantized weights from it as they are (`gguf_quantized.py`)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ from inferengine.attention.backends.base import AttentionBackend
 from inferengine.config import ModelConfig
 from inferengine.logger import init_logger
 from inferengine.model.llama import ModelInit
-from inferengine.model.loader.gguf_int4 import (
-    install_int4_linears,
+from inferengine.model.loader.gguf_quantized import (
+    install_gguf_linears,
     skip_names,
     wants_fp16_weights,
 )
@@ -45,9 +45,9 @@ def load_model(
         from inferengine.model.quantization import fp8 as fp8_layers
 
         fp8_layers.quantize_model(model, checkpoint, dtype)
-    # A GGUF's 4-bit weights stay 4-bit on the CPU (unless FP8 was asked for); those names
+    # A GGUF's quantized weights stay quantized on the CPU (unless FP8 was asked for); those names
     # are not read as floats.
-    int4 = frozenset() if fp8 else install_int4_linears(model, model_config, device, dtype)
+    int4 = frozenset() if fp8 else install_gguf_linears(model, model_config, device, dtype)
     # Buffers computed in float32 (the rotary cos/sin table) stay float32.
     if model_config.load_format == "dummy":
         if hasattr(model, "materialize"):  # built on the meta device until its weights come
@@ -76,7 +76,7 @@ def load_model(
         "loaded %s (%s%s, %s) in %.2f s",
         model_config.architecture,
         model_config.dtype,
-        " with FP8 weights" if fp8 else " with int4 GGUF weights" if int4 else "",
+        " with FP8 weights" if fp8 else " with quantized GGUF weights" if int4 else "",
         "dummy weights" if model_config.load_format == "dummy" else "safetensors",
         time.perf_counter() - start,
     )

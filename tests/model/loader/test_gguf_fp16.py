@@ -75,16 +75,15 @@ def _fp16_modules(model) -> list[str]:
     ]
 
 
-def test_gguf_on_a_cpu_without_the_fast_int4_kernel_loads_float16_packed(
-    tiny_llama, tmp_path, monkeypatch
-):
-    """AVX2: every linear layer and the head take fbgemm's float16 GEMM, and the logits stay
-    within float16 rounding of the float32 model's; --gguf-dequantize keeps float32."""
-    from inferengine.model.loader import gguf_int4
+def test_gguf_without_our_kernels_loads_float16_packed(tiny_llama, tmp_path, monkeypatch):
+    """Where our CPU kernels cannot be built: every linear layer and the head take fbgemm's
+    float16 GEMM, and the logits stay within float16 rounding of the float32 model's;
+    --gguf-dequantize keeps float32."""
+    from inferengine.model.loader import gguf_quantized
     from inferengine.model.loader.gguf import convert_gguf
-    from tests.model.loader.test_gguf_int4 import _load, _tiny_gguf, assert_same_logits
+    from tests.model.loader.test_gguf_quantized import _load, _tiny_gguf, assert_same_logits
 
-    monkeypatch.setattr(gguf_int4, "int4_kernel_is_fast", lambda: False)
+    monkeypatch.setattr(gguf_quantized.cpu_native, "native_ops", lambda: None)
     folder = convert_gguf(_tiny_gguf(tiny_llama, tmp_path, "untied"), tmp_path / "converted")
     packed, config = _load(folder)
     names = _fp16_modules(packed)
@@ -94,22 +93,22 @@ def test_gguf_on_a_cpu_without_the_fast_int4_kernel_loads_float16_packed(
     assert _fp16_modules(dense) == []
     assert_same_logits(packed, dense, config, tol=1e-2)
 
-    monkeypatch.setattr(gguf_int4, "fp16_gemm_available", lambda: False)
+    monkeypatch.setattr(gguf_quantized, "fp16_gemm_available", lambda: False)
     assert _fp16_modules(_load(folder)[0]) == []  # no fbgemm: float32 as before
 
 
 def test_engine_greedy_tokens_match_the_float32_engine(tiny_llama, tmp_path, monkeypatch):
-    """As users run it on an AVX2 CPU: greedy tokens equal the --gguf-dequantize engine's, or
-    part where that run's top two were near-tied."""
+    """As users run it without our kernels: greedy tokens equal the --gguf-dequantize engine's,
+    or part where that run's top two were near-tied."""
     from inferengine import LLM
-    from inferengine.model.loader import gguf_int4
-    from tests.model.loader.test_gguf_int4 import (
+    from inferengine.model.loader import gguf_quantized
+    from tests.model.loader.test_gguf_quantized import (
         _tiny_gguf,
         assert_equal_up_to_near_ties,
         greedy_with_logprobs,
     )
 
-    monkeypatch.setattr(gguf_int4, "int4_kernel_is_fast", lambda: False)
+    monkeypatch.setattr(gguf_quantized.cpu_native, "native_ops", lambda: None)
     monkeypatch.setenv("INFERENGINE_CACHE_DIR", str(tmp_path / "cache"))
     path = str(_tiny_gguf(tiny_llama, tmp_path, "tied-llama3"))
     runs = {}

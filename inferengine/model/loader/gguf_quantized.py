@@ -1,19 +1,23 @@
-"""GGUF weights kept 4-bit on the CPU: Q4_0, Q4_1 and Q4_K linear weights go from the GGUF
-beside a converted folder straight into int4 layers (`layers/quantized_cpu.py`), never to float.
+"""GGUF weights kept quantized on the CPU: Q4_0, Q4_1, Q4_K, Q8_0 and Q5_0 linear weights go
+from the GGUF beside a converted folder straight into block-quantized layers
+(`layers/block_quant_cpu.py`, run by our C++ kernels), never to float.
 
-Each of those types is, exactly, int4 values in groups of 32 with one scale and one offset per
-group, which is the packed kernel's form `w = (q - 8) * scale + zero`:
-- Q4_0 (fp16 d, 32 x 4 bits): w = d (q - 8): scale d, zero 0;
-- Q4_1 (fp16 d, m): w = d q + m: scale d, zero m + 8 d;
-- Q4_K (256 weights: fp16 d, dmin, eight 6-bit (sc, m) pairs): w = d sc q - dmin m per 32:
-  scale d sc, zero 8 d sc - dmin m.
-Other types (Q5_*, Q6_K, Q8_0, floats) have no exact int4 form; their layers load the converted
-folder's dequantized weights as before. A fused layer (qkv, gate_up) is int4 only when every
-shard is: the shards share the input features, so their rows stack into one packed weight.
+Each of those types is, exactly, integer values in blocks of 32 with one scale (and, for the
+4-bit ones, one offset) per block:
+- Q4_0 (fp16 d, 32 x 4 bits): w = d u - 8 d: q4, scale d, offset -8 d;
+- Q4_1 (fp16 d, m): w = d u + m: q4, scale d, offset m;
+- Q4_K (256 weights: fp16 d, dmin, eight 6-bit (sc, m) pairs): w = d sc u - dmin m per 32:
+  q4, scale d sc, offset -dmin m;
+- Q8_0 (fp16 d, 32 int8): w = d q: q8;
+- Q5_0 (fp16 d, 32 x 5 bits): w = d (u - 16): q8 with values u - 16.
+Other types (Q5_1, Q6_K, the other K-quants, floats) load the converted folder's dequantized
+weights as before. A fused layer (qkv, gate_up) stays quantized only when its shards are of
+one kind (their rows stack into one weight). The LM head is quantized like the rest; one tied
+to the embedding (SmolLM2's Q8_0, a fifth of the model) keeps the dense embedding beside it for
+the lookups.
 
-The LM head is int4 like the rest; one tied to a Q8_0 embedding (SmolLM2's, a fifth of the
-model) becomes two int4 halves (`int8_as_int4_pair`) beside the dense embedding it shares,
-which takes over for batches of more than a few rows (`Int4LMHead`).
+Where our kernels cannot be built (no compiler, not x86-64 with AVX2) the weights load dense;
+on x86 a float32 model's then run through fbgemm's float16 GEMM (`layers/fp16_cpu.py`).
 """
 
 from __future__ import annotations
@@ -28,22 +32,19 @@ import torch
 from torch import nn
 
 from inferengine.config import ModelConfig
+from inferengine.kernels import cpu_native
 from inferengine.logger import init_logger
+from inferengine.model.layers.block_quant_cpu import (
+    BlockQuantLinearMethod,
+    BlockQuantLMHead,
+    BlockQuantWeight,
+    fits_kernels,
+)
 from inferengine.model.layers.fp16_cpu import fp16_gemm_available
 from inferengine.model.layers.linear import (
     ColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
-)
-from inferengine.model.layers.quantized_cpu import (
-    INT4_GROUP,
-    Int4CpuLinearMethod,
-    Int4LMHead,
-    Int4Weight,
-    can_pack,
-    compute_dtype_for,
-    int4_kernel_is_fast,
-    int8_as_int4_pair,
 )
 from inferengine.model.layers.vocab import ParallelLMHead
 from inferengine.model.loader.gguf import _hf_name, _layout, _unpermute
@@ -51,20 +52,27 @@ from inferengine.model.loader.gguf_source import GGUFSource, SourceTensor, has_s
 
 logger = init_logger(__name__)
 
-INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144}
+Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+BLOCK_TYPES = (*Q4_TYPES, "Q8_0", "Q5_0")
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144, "Q8_0": 34, "Q5_0": 22}
+_GROUP = cpu_native.BLOCK
 
 
-def int4_weight(data: np.ndarray, qtype: str, shape: tuple[int, int]) -> Int4Weight:
-    """The int4 form of one GGUF tensor's blocks (`data`: uint8 [rows, row bytes]) of weight
-    `shape` (rows, columns)."""
+def block_weight(data: np.ndarray, qtype: str, shape: tuple[int, int]) -> BlockQuantWeight:
+    """One GGUF tensor's blocks (`data`: uint8 [rows, row bytes]) of weight `shape` (rows,
+    columns) in block form: q4 for Q4_0, Q4_1 and Q4_K, q8 for Q8_0 and Q5_0, exactly."""
     rows, cols = shape
     blocks = np.ascontiguousarray(data, dtype=np.uint8).reshape(rows, -1, _BLOCK_BYTES[qtype])
-    q, scale, zero = _DECODERS[qtype](blocks)
-    return Int4Weight(
-        torch.from_numpy(np.ascontiguousarray(q.reshape(rows, cols))),
-        torch.from_numpy(np.ascontiguousarray(scale.reshape(rows, cols // INT4_GROUP))),
-        torch.from_numpy(np.ascontiguousarray(zero.reshape(rows, cols // INT4_GROUP))),
+    values, scale, offset = _DECODERS[qtype](blocks)
+
+    def tensor(a: np.ndarray, width: int) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a.reshape(rows, width)))
+
+    return BlockQuantWeight(
+        "q4" if qtype in Q4_TYPES else "q8",
+        tensor(values, cols),
+        tensor(scale, cols // _GROUP),
+        None if offset is None else tensor(offset, cols // _GROUP),
     )
 
 
@@ -78,14 +86,15 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
     return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
 
 
+# Each decoder: GGUF blocks [rows, n, bytes] -> (values, scale, offset or None) per block of 32,
+# w = scale * values + offset.
 def _q4_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     d = _f16(blocks[..., 0:2])
-    return _nibbles(blocks[..., 2:18]), d, np.zeros_like(d)
+    return _nibbles(blocks[..., 2:18]), d, -8 * d
 
 
 def _q4_1(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    d, m = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])
-    return _nibbles(blocks[..., 4:20]), d, m + 8 * d
+    return _nibbles(blocks[..., 4:20]), _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])
 
 
 def _q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -99,26 +108,40 @@ def _q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     # Four chunks of 32 bytes: sub-block 2i in the low nibbles, 2i + 1 in the high ones.
     qs = blocks[..., 16:144].reshape(rows, n, 4, 1, 32)
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=3).reshape(rows, n, 8, 32)
-    return q, scale, 8 * scale - offset
+    return q, scale, -offset
 
 
-_DECODERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k}
+def _q8_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
+    return np.ascontiguousarray(blocks[..., 2:34]).view(np.int8), _f16(blocks[..., 0:2]), None
 
 
-def install_int4_linears(
+def _q5_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
+    """Q5_0 (fp16 d, 32 high bits, 16 bytes of low nibbles): w = d (q - 16), q in 0..31."""
+    high = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")  # bit j: value j
+    q = _nibbles(blocks[..., 6:22]) | (high << 4)
+    return (q.astype(np.int16) - 16).astype(np.int8), _f16(blocks[..., 0:2]), None
+
+
+_DECODERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k, "Q8_0": _q8_0, "Q5_0": _q5_0}
+
+
+def install_gguf_linears(
     model: nn.Module, model_config: ModelConfig, device: torch.device, dtype: torch.dtype
 ) -> frozenset[str]:
-    """Give each linear layer whose GGUF weights are int4 an int4 `quant_method`, filled from
-    the GGUF; return the checkpoint names of the weights it took (not to be read again). Does
-    nothing off the CPU, for folders not converted from a GGUF, or when the dense path is
-    asked for or faster (logged)."""
+    """Give each linear layer whose GGUF weights are of a type our kernels take a
+    `BlockQuantLinearMethod` filled from the GGUF, and the LM head too; return the checkpoint
+    names of the weights taken (not to be read again). Does nothing off the CPU, for folders
+    not converted from a GGUF, or when the dense path is asked for or the kernels are
+    unavailable (logged)."""
     folder = Path(model_config.model_path)
     if device.type != "cpu" or model_config.load_format == "dummy" or not has_source(folder):
         return frozenset()
     reason = _why_dense(model_config)
+    if reason is None and cpu_native.native_ops() is None:
+        reason = f"our CPU kernels are unavailable ({cpu_native.unavailable_reason()})"
     if reason is not None:
         logger.info(
-            "GGUF weights not int4 (dense, %s): %s", str(dtype).removeprefix("torch."), reason
+            "GGUF weights dequantized to %s: %s", str(dtype).removeprefix("torch."), reason
         )
         return frozenset()
     source = GGUFSource(folder)
@@ -127,7 +150,7 @@ def install_int4_linears(
     heads = _permuted_heads(model_config.hf_config) if layout.permuted_qk else {}
     stacked = getattr(model, "stacked_params", ())
     taken: set[str] = set()
-    int4_types: Counter[str] = Counter()
+    kept: Counter[str] = Counter()
     dense_types: Counter[str] = Counter()
     for name, module in model.named_modules():
         if not isinstance(module, ColumnParallelLinear | RowParallelLinear):
@@ -137,60 +160,41 @@ def install_int4_linears(
             continue
         tensors = [by_name.get(n) for n in names]
         types = [t.type if t is not None else "missing" for t in tensors]
-        if not all(t in INT4_TYPES for t in types):
-            dense_types.update(t for t in types if t not in INT4_TYPES)
+        if not all(t in BLOCK_TYPES for t in types):
+            dense_types.update(t for t in types if t not in BLOCK_TYPES)
             continue
-        parts = [_weight(source, t, heads) for t in tensors]
-        weight = Int4Weight.stack_rows(parts)
-        if not can_pack(weight.shape):
-            dense_types.update(f"{t} (shape {weight.shape})" for t in types)
+        weight = BlockQuantWeight.stack_rows([_block(source, t, heads) for t in tensors if t])
+        if weight is None or not fits_kernels(weight.shape):
+            dense_types.update(f"{t} (mixed kinds or shape)" for t in types)
             continue
-        module.quant_method = Int4CpuLinearMethod(module, weight, compute_dtype_for(dtype))
+        module.quant_method = BlockQuantLinearMethod(module, weight)
         taken.update(names)
-        int4_types.update(types)
-    head = _install_lm_head(model, source, by_name, dtype)
+        kept.update(types)
+    head = _install_lm_head(model, source, by_name)
     if head is not None:
-        int4_types[f"LM head {head}" + (" as two int4 halves" if head == "Q8_0" else "")] += 1
+        kept[f"LM head {head}"] += 1
         taken.add("lm_head.weight")  # untied: not read; tied: the checkpoint has none
-    _log_summary(source.path, int4_types, dense_types, dtype)
+    _log_summary(source.path, kept, dense_types, dtype)
     return frozenset(taken)
 
 
 def _install_lm_head(
-    model: nn.Module, source: GGUFSource, by_name: dict[Any, SourceTensor], dtype: torch.dtype
+    model: nn.Module, source: GGUFSource, by_name: dict[Any, SourceTensor]
 ) -> str | None:
-    """Replace the model's LM head by an int4 one where its GGUF weight allows; its type."""
+    """Replace the model's LM head by a block-quantized one where its GGUF weight allows; its
+    type."""
     head = getattr(model, "lm_head", None)
     if not isinstance(head, ParallelLMHead):
         return None
     tied = "lm_head.weight" not in by_name
     tensor = by_name.get("model.embed_tokens.weight" if tied else "lm_head.weight")
-    qtype = tensor.type if tensor is not None else None
-    shape = (int(head.weight.shape[0]), int(head.weight.shape[1]))
-    if qtype in INT4_TYPES:
-        weight, repeats = _weight(source, tensor, {}), 1
-    elif qtype == "Q8_0" and tied:  # two halves: worth it only beside the dense embedding
-        weight, repeats = _q8_0_pair(source.data(tensor), shape), 2
-    else:
+    if tensor is None or tensor.type not in BLOCK_TYPES:
         return None
-    if weight.shape != (shape[0], shape[1] * repeats):
+    weight = _block(source, tensor, {})
+    if weight.shape != tuple(head.weight.shape) or not fits_kernels(weight.shape):
         return None
-    model.lm_head = Int4LMHead(
-        head.vocab_size,
-        weight.pad_rows(),
-        compute_dtype_for(dtype),
-        repeats,
-        head.weight if tied else None,
-    )
-    return qtype
-
-
-def _q8_0_pair(data: np.ndarray, shape: tuple[int, int]) -> Int4Weight:
-    """GGUF Q8_0 (fp16 d, 32 int8 q: w = d q) as two int4 halves [rows, 2 cols]."""
-    rows, cols = shape
-    blocks = np.ascontiguousarray(data, dtype=np.uint8).reshape(rows, -1, 34)
-    q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(rows, cols)
-    return int8_as_int4_pair(torch.from_numpy(q), torch.from_numpy(_f16(blocks[..., 0:2])))
+    model.lm_head = BlockQuantLMHead(head.vocab_size, weight, head.weight if tied else None)
+    return tensor.type
 
 
 def skip_names(
@@ -203,6 +207,7 @@ def skip_names(
 
 
 def _why_dense(model_config: ModelConfig) -> str | None:
+    """Why the GGUF's weights must load dense, or None."""
     from inferengine.distributed.parallel_state import get_tp_size
 
     if model_config.gguf_dequantize:
@@ -210,20 +215,14 @@ def _why_dense(model_config: ModelConfig) -> str | None:
     if model_config.quantization is not None:
         return f"--quantization {model_config.quantization} quantizes the float weights instead"
     if get_tp_size() > 1:
-        return "int4 layers are not split across tensor-parallel ranks yet"
-    if not int4_kernel_is_fast():
-        capability = torch.backends.cpu.get_cpu_capability()
-        return (
-            f"torch's int4 CPU kernel is fast only with AVX-512 (torch uses {capability} here), "
-            "so dense weights are faster"
-        )
+        return "quantized layers are not split across tensor-parallel ranks yet"
     return None
 
 
 def wants_fp16_weights(model_config: ModelConfig, device: torch.device, dtype: torch.dtype) -> bool:
-    """A GGUF's weights load dense but then run through fbgemm's float16 GEMM
-    (`layers/fp16_cpu.py`): a converted GGUF on a CPU whose int4 kernel is slow, a float32
-    model on one rank, and neither --gguf-dequantize nor --quantization asked for."""
+    """A GGUF's weights that loaded dense then run through fbgemm's float16 GEMM
+    (`layers/fp16_cpu.py`): a converted GGUF, a float32 model on one rank, fbgemm present, and
+    neither --gguf-dequantize nor --quantization asked for."""
     from inferengine.distributed.parallel_state import get_tp_size
 
     folder = Path(model_config.model_path)
@@ -233,7 +232,7 @@ def wants_fp16_weights(model_config: ModelConfig, device: torch.device, dtype: t
         return False
     if model_config.gguf_dequantize or model_config.quantization is not None:
         return False
-    return not int4_kernel_is_fast() and fp16_gemm_available()
+    return fp16_gemm_available()
 
 
 def _permuted_heads(hf_config: dict[str, Any]) -> dict[str, int]:
@@ -242,13 +241,13 @@ def _permuted_heads(hf_config: dict[str, Any]) -> dict[str, int]:
     return {"attn_q": heads, "attn_k": int(hf_config.get("num_key_value_heads") or heads)}
 
 
-def _weight(source: GGUFSource, tensor: SourceTensor, heads: dict[str, int]) -> Int4Weight:
+def _block(source: GGUFSource, tensor: SourceTensor, heads: dict[str, int]) -> BlockQuantWeight:
     data = source.data(tensor)
     role = tensor.name.split(".")[-2]
     if role in heads:
         data = _unpermute(data, heads[role])
     rows, cols = tensor.shape
-    return int4_weight(data, tensor.type, (rows, cols))
+    return block_weight(data, tensor.type, (rows, cols))
 
 
 def _checkpoint_weights(name: str, module: nn.Module, stacked: Any) -> list[str]:
@@ -269,21 +268,24 @@ def _checkpoint_weights(name: str, module: nn.Module, stacked: Any) -> list[str]
     return [f"{prefix}{hf_part}.weight" for _, hf_part in sorted(shards)]
 
 
-def _log_summary(source: Path, int4: Counter[str], dense: Counter[str], dtype: torch.dtype) -> None:
+def _log_summary(source: Path, kept: Counter[str], dense: Counter[str], dtype: torch.dtype) -> None:
     def listed(types: Counter[str]) -> str:
         return ", ".join(f"{n} {t}" for t, n in sorted(types.items()))
 
     dtype_name = str(dtype).removeprefix("torch.")
-    if not int4:
+    if not kept:
         logger.info(
-            "GGUF weights dequantized to %s: no linear layer is all Q4_0/Q4_1/Q4_K (%s)",
+            "GGUF weights dequantized to %s: no linear layer's weights are all of the types our "
+            "kernels take (%s)",
             dtype_name,
             listed(dense) or "none found",
         )
         return
+    ops = cpu_native.native_ops()
     logger.info(
-        "GGUF weights kept 4-bit on the CPU from %s: %s tensor(s)%s",
+        "GGUF weights kept quantized on the CPU (our kernels, %s) from %s: %s tensor(s)%s",
+        ops.isa() if ops is not None else "?",
         source,
-        listed(int4),
-        f"; dequantized to {dtype_name} (no exact int4 form): {listed(dense)}" if dense else "",
+        listed(kept),
+        f"; dequantized to {dtype_name}: {listed(dense)}" if dense else "",
     )

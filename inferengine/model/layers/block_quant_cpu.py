@@ -1,0 +1,144 @@
+"""Linear layers and LM heads over GGUF-style block-quantized weights, run by our CPU kernels.
+
+A weight is kept as its GGUF blocks of 32 input features: "q4" (4-bit values u with a scale
+and an offset per block, w = scale · u + offset: GGUF's Q4_0, Q4_1, Q4_K exactly) or "q8"
+(int8 values q with a scale per block, w = scale · q: Q8_0 and Q5_0 exactly). The kernels
+(`kernels/cpu_native.py`, `kernels/csrc/qgemm.cpp`) quantize the activations to int8 in the
+same blocks and multiply with integer dot products, as llama.cpp does: a decode step reads
+the weights' 4.5 to 8.5 bits each instead of 16 or 32, and that rounding of the activations
+is the one numeric difference from the dequantized model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from inferengine.kernels import cpu_native
+from inferengine.kernels.cpu_native import BLOCK
+
+KINDS = ("q4", "q8")
+
+
+@dataclass(frozen=True)
+class BlockQuantWeight:
+    """One weight [N, K] in blocks of 32 input features: `kind` "q4" (values uint8 0..15,
+    w = scale · u + offset) or "q8" (values int8 -127..127, w = scale · q, offset None);
+    scale and offset float32 [N, K / 32]."""
+
+    kind: str
+    values: torch.Tensor
+    scale: torch.Tensor
+    offset: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS or (self.offset is None) != (self.kind == "q8"):
+            raise ValueError(f"a {self.kind!r} block weight needs an offset iff it is q4")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.values.shape[0]), int(self.values.shape[1]))
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight [N, K]."""
+        n, k = self.shape
+        w = self.values.view(n, k // BLOCK, BLOCK).float() * self.scale.unsqueeze(-1)
+        if self.offset is not None:
+            w = w + self.offset.unsqueeze(-1)
+        return w.reshape(n, k)
+
+    @staticmethod
+    def stack_rows(parts: list[BlockQuantWeight]) -> BlockQuantWeight | None:
+        """One weight of the parts' rows in order (the shards of a fused qkv or gate_up), or
+        None when the parts are of different kinds."""
+        if len({p.kind for p in parts}) != 1:
+            return None
+        if len(parts) == 1:
+            return parts[0]
+
+        def cat(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
+            return None if tensors[0] is None else torch.cat(tensors, dim=0)
+
+        return BlockQuantWeight(
+            parts[0].kind,
+            cat([p.values for p in parts]),
+            cat([p.scale for p in parts]),
+            cat([p.offset for p in parts]),
+        )
+
+
+def fits_kernels(shape: tuple[int, int]) -> bool:
+    n, k = shape
+    return n > 0 and k > 0 and k % BLOCK == 0
+
+
+class _Packed:
+    """A weight as the kernel of its kind reads it, held as buffers of `owner`."""
+
+    def __init__(self, owner: nn.Module, weight: BlockQuantWeight):
+        if not fits_kernels(weight.shape):
+            raise ValueError(f"block weights need K a multiple of {BLOCK}; got {weight.shape}")
+        self.kind = weight.kind
+        self.out_features, self.in_features = weight.shape
+        if weight.kind == "q4":
+            assert weight.offset is not None
+            packed = cpu_native.pack_q4(weight.values, weight.scale, weight.offset)
+            names = ("weight_packed", "weight_scale", "weight_offset")
+        else:
+            packed = cpu_native.pack_q8(weight.values, weight.scale)
+            names = ("weight_packed", "weight_corr", "weight_scale")
+        for name, tensor in zip(names, packed, strict=True):
+            owner.register_buffer(name, tensor, persistent=False)
+        self.names = names
+
+    def matmul(self, owner: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ops = cpu_native.native_ops()
+        assert ops is not None, "block-quantized layers are built only where the kernels load"
+        rows = x.reshape(-1, self.in_features)
+        if rows.dtype not in (torch.float32, torch.bfloat16):
+            rows = rows.float()
+        if not rows.is_contiguous():
+            rows = rows.contiguous()
+        if bias is not None and bias.dtype != rows.dtype:
+            bias = bias.to(rows.dtype)
+        tensors = [getattr(owner, name) for name in self.names]
+        kernel = ops.qlinear_q4 if self.kind == "q4" else ops.qlinear_q8
+        y = kernel(rows, *tensors, bias, self.out_features, cpu_native.ACTIVATION_TERMS)
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+class BlockQuantLinearMethod:
+    """A linear layer's `quant_method` over a block-quantized weight: the float weight
+    parameter is dropped and the layer holds the packed buffers."""
+
+    def __init__(self, layer: nn.Module, weight: BlockQuantWeight):
+        old = getattr(layer, "weight", None)
+        if old is not None and tuple(old.shape) != weight.shape:
+            raise ValueError(
+                f"block weight {weight.shape} does not fit the layer's weight {tuple(old.shape)}"
+            )
+        if "weight" in layer._parameters:
+            del layer._parameters["weight"]
+        self.packed = _Packed(layer, weight)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return self.packed.matmul(layer, x, bias)
+
+
+class BlockQuantLMHead(nn.Module):
+    """An LM head over a block-quantized weight. One tied to the embedding keeps the dense
+    weight it shares (as `weight`, which the lookups read); the logits come from the blocks
+    either way."""
+
+    def __init__(self, vocab_size: int, weight: BlockQuantWeight, tied: nn.Parameter | None):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.packed = _Packed(self, weight)
+        self.weight = tied
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.packed.matmul(self, hidden, None)[..., : self.vocab_size]
