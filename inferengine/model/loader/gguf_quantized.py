@@ -140,9 +140,7 @@ def install_gguf_linears(
     if reason is None and cpu_native.native_ops() is None:
         reason = f"our CPU kernels are unavailable ({cpu_native.unavailable_reason()})"
     if reason is not None:
-        logger.info(
-            "GGUF weights dequantized to %s: %s", str(dtype).removeprefix("torch."), reason
-        )
+        logger.info("GGUF weights dequantized to %s: %s", str(dtype).removeprefix("torch."), reason)
         return frozenset()
     source = GGUFSource(folder)
     layout = _layout(source.architecture)
