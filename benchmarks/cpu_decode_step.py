@@ -1,5 +1,6 @@
-"""Decode-step time on the CPU: a GGUF's weights as the engine loads them by default (int4 where
-torch's int4 kernel has AVX-512 code, float16 under fbgemm's GEMM elsewhere on x86) against
+"""Decode-step time on the CPU: a GGUF's weights as the engine loads them by default (kept
+quantized and run by our C++ kernels; where those cannot be built, float16 under fbgemm's GEMM
+on x86), in float32 and in bfloat16 activations, against
 dequantized bf16 and float32, one engine each, measured in turns so that a busy machine slows
 them alike.
 
@@ -24,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from result_folder import write_result_folder
 
 CONFIGS = {
-    "default": {},  # int4 with AVX-512, else float16 packed for fbgemm (model/layers/fp16_cpu.py)
+    "default": {},  # our kernels over the GGUF's blocks, float32 activations
+    "default-bf16": {"dtype": "bfloat16"},
     "dense-bf16": {"gguf_dequantize": True, "dtype": "bfloat16"},
     "dense-float32": {"gguf_dequantize": True, "dtype": "float32"},
 }

@@ -5,9 +5,9 @@ Each round starts one server pinned to `--cores`, waits until it is ready, warms
 every stream count in turn and stops it; the order of the two systems alternates by round.
 The median and range over rounds are reported per stream count, with the ratio of medians
 against the targets of issue [18] (one stream >= 0.8x llama-server's output tokens/s, sixteen
-streams >= 1.5x). Then the fixed questions of `default_model_cpu_int4_answers.json` are put to
-llama-server greedily as the same token ids, and its answers are recorded beside ours (4-bit)
-and our float32 path (`default_model_cpu_answers.json`).
+streams >= 1.5x). Then the fixed questions of `default_model_cpu_quantized_answers.json` are put to
+llama-server greedily as the same token ids, and its answers are recorded beside ours (the
+quantized weights through our kernels) and our float32 path (`default_model_cpu_answers.json`).
 
     bash benchmarks/build_llama_server.sh          # prints the llama-server binary's path
     python benchmarks/cpu_paired_llama.py --llama-server BIN [--rounds 3]
@@ -160,7 +160,7 @@ def one_system(system: str, args, model: Path, work: Path, logs: dict) -> dict:
 
 def llama_answers(url: str) -> list[dict]:
     """llama-server's greedy answers to our fixed questions, sent as the same token ids."""
-    ours = json.loads((HERE / "default_model_cpu_int4_answers.json").read_text())
+    ours = json.loads((HERE / "default_model_cpu_quantized_answers.json").read_text())
     answers = []
     for item in ours["answers"]:
         body = {
@@ -188,7 +188,8 @@ def llama_answers(url: str) -> list[dict]:
 
 def compare_answers(llama: list[dict]) -> list[dict]:
     """Per question: the three answers' texts and where each pair of token sequences parts."""
-    int4 = json.loads((HERE / "default_model_cpu_int4_answers.json").read_text())["answers"]
+    quantized = json.loads((HERE / "default_model_cpu_quantized_answers.json").read_text())
+    quantized = quantized["answers"]
     f32 = json.loads((HERE / "default_model_cpu_answers.json").read_text())["answers"]
 
     def parts_at(a: list[int], b: list[int]) -> int | None:
@@ -197,16 +198,16 @@ def compare_answers(llama: list[dict]) -> list[dict]:
         return first if first is not None else (None if len(a) == len(b) else n)
 
     rows = []
-    for mine, ref, theirs in zip(int4, f32, llama, strict=True):
+    for mine, ref, theirs in zip(quantized, f32, llama, strict=True):
         rows.append(
             {
                 "question": mine["question"],
-                "ours_int4": mine["text"],
+                "ours_quantized": mine["text"],
                 "ours_float32": ref["text"],
                 "llama_cpp": theirs["text"],
-                "int4_vs_float32_parts_at": parts_at(mine["token_ids"], ref["token_ids"]),
+                "quantized_vs_float32_parts_at": parts_at(mine["token_ids"], ref["token_ids"]),
                 "llama_vs_float32_parts_at": parts_at(theirs["token_ids"], ref["token_ids"]),
-                "llama_vs_int4_parts_at": parts_at(theirs["token_ids"], mine["token_ids"]),
+                "llama_vs_quantized_parts_at": parts_at(theirs["token_ids"], mine["token_ids"]),
             }
         )
     return rows

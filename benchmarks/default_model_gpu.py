@@ -8,8 +8,8 @@ per question, are the token ids equal, where do they first differ, and what was 
 the top two logprobs there (a near tie is the expected reason for bf16 to part from float32).
 The answer to the France question must contain "Paris" in every run. `--quantization fp8` runs
 the model with FP8 weights (quantized on load; compared against the same reference);
-`--weights int4` with the GGUF's 4-bit weights as the CPU runs them by default (`dequantized`,
-the default here, is the float path the reference was recorded on). Writes
+`--weights quantized` with the GGUF's quantized weights as the CPU runs them by default, through
+our kernels (`dequantized`, the default here, is the float path the reference was recorded on). Writes
 `benchmarks/results/<UTC stamp>-default-model-<device>/` (or `--out-dir`).
 
     python benchmarks/default_model_gpu.py --device cpu \
@@ -157,8 +157,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--quantization", choices=["fp8"], help="FP8 weights (default: none)")
     parser.add_argument(
-        "--weights", choices=["dequantized", "int4"], default="dequantized",
-        help="int4: the GGUF's 4-bit weights, as the CPU runs them by default",
+        "--weights", choices=["dequantized", "quantized"], default="dequantized",
+        help="quantized: the GGUF's quantized weights, as the CPU runs them by default",
     )  # fmt: skip
     parser.add_argument("--gguf", type=Path, help="SmolLM2-135M-Instruct.Q4_1.gguf to cache")
     parser.add_argument("--compare", type=Path, help="answers JSON of an earlier CPU run")
@@ -186,7 +186,7 @@ def main() -> None:
         for run in runs:
             run["comparison"] = compare(reference, run)
     name = f"default-model-{args.device}" + (f"-{args.quantization}" if args.quantization else "")
-    name += "-int4" if args.weights == "int4" else ""
+    name += "-quantized" if args.weights == "quantized" else ""
     folder = write_result_folder(name, results, args.out_dir)
 
     failed = False
@@ -194,7 +194,7 @@ def main() -> None:
         paris = "Paris" in run["answers"][PARIS_QUESTION]["text"]
         failed |= not paris
         label = f"{run['dtype']}{' ' + args.quantization if args.quantization else ''}"
-        label += " int4" if args.weights == "int4" else ""
+        label += " quantized" if args.weights == "quantized" else ""
         print(f"\n{args.device} {label}: France answer has Paris: {paris}")
         print(f"  {run['answers'][PARIS_QUESTION]['text']!r}")
         for i, row in enumerate(run.get("comparison", [])):

@@ -1,25 +1,42 @@
-"""The CPU path's shortcuts give the plain path's numbers: RMSNorm's fused call in float32 is
-bit-identical to the written-out math, and rotary tables shared through a step's `per_step`
-dict rotate exactly as freshly built ones, for the same positions only."""
+"""The CPU path's shortcuts give the plain path's numbers: RMSNorm in float32 (torch's fused
+call bit-identical to the written-out math, our C++ kernel to float32 rounding, in place like
+the CUDA kernel), and rotary tables shared through a step's `per_step` dict rotate exactly as
+freshly built ones, for the same positions only."""
 
+import pytest
 import torch
 
+from inferengine.kernels import cpu_native
 from inferengine.model.layers.norm import RMSNorm
 from inferengine.model.layers.rotary import RotaryEmbedding
 
 
-def test_float32_rms_norm_is_bit_identical_to_the_written_out_math():
+@pytest.mark.parametrize("kernels", ["native", "torch"])
+def test_float32_rms_norm_equals_the_written_out_math(monkeypatch, kernels):
+    if kernels == "torch":
+        monkeypatch.setattr(cpu_native, "native_ops", lambda: None)
+    elif cpu_native.native_ops() is None:
+        pytest.skip(f"no CPU kernels: {cpu_native.unavailable_reason()}")
     gen = torch.Generator().manual_seed(0)
     norm = RMSNorm(96, eps=1e-5)
     norm.weight.data = torch.randn(96, generator=gen)
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> None:
+        if kernels == "torch":
+            assert torch.equal(a, b)
+        else:  # another summation order of the squares
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
     for rows in (1, 7, 300):
         x = torch.randn(rows, 96, generator=gen) * 5
         expected = norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
-        assert torch.equal(norm(x), expected)
+        same(norm(x), expected)
         residual = torch.randn(rows, 96, generator=gen)
+        added = x + residual
+        expected = norm(added.clone())
         out, new_residual = norm(x, residual)
-        assert torch.equal(new_residual, x + residual)
-        assert torch.equal(out, norm(x + residual))
+        assert torch.equal(new_residual, added)
+        same(out, expected)
 
 
 def test_rotary_tables_kept_for_a_step_rotate_like_fresh_ones():
