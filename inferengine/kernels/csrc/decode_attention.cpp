@@ -107,13 +107,17 @@ void attend_one(const Shape& s, int64_t b, int64_t h, const QT* q, const QT* k, 
     rotate(q + b * s.q_stride + (h * G + g) * D, cs, s.rotary_dim, D, qf + g * D);
   }
   const int32_t* table = block_table + b * s.table_stride;
-  auto key_row = [&](int64_t j) -> const CT* {
-    const int64_t page = table[j / s.block_size];
-    return cache + ((page * s.block_size + j % s.block_size) * s.num_kv_heads + h) * D;
+  const int64_t row_stride = s.num_kv_heads * D;  // between a page's token rows
+  // Calls f(j, key row) for j in [first, len), page by page (no division per key).
+  auto for_each_row = [&](auto&& f) {
+    for (int64_t p = first / s.block_size; p * s.block_size < len; ++p) {
+      const CT* rows = cache + (static_cast<int64_t>(table[p]) * s.block_size * s.num_kv_heads + h) * D;
+      const int64_t lo = std::max(first, p * s.block_size), hi = std::min(len, (p + 1) * s.block_size);
+      for (int64_t j = lo; j < hi; ++j) f(j - first, rows + (j - p * s.block_size) * row_stride);
+    }
   };
   const bool vector = D % 8 == 0;
-  for (int64_t j = first; j < len; ++j) {
-    const CT* kr = key_row(j);
+  for_each_row([&](int64_t j, const CT* kr) {
     for (int64_t g = 0; g < G; ++g) {
       const float* qg = qf + g * D;
       float dot = 0.0f;
@@ -126,9 +130,9 @@ void attend_one(const Shape& s, int64_t b, int64_t h, const QT* q, const QT* k, 
       }
       float score = dot * scale;
       if (soft_cap > 0.0f) score = soft_cap * std::tanh(score / soft_cap);
-      scores[g * n + (j - first)] = score;
+      scores[g * n + j] = score;
     }
-  }
+  });
   for (int64_t g = 0; g < G; ++g) {
     float* sg = scores + g * n;
     float mx = -std::numeric_limits<float>::infinity();
@@ -138,10 +142,10 @@ void attend_one(const Shape& s, int64_t b, int64_t h, const QT* q, const QT* k, 
     for (int64_t j = 0; j < n; ++j) sg[j] *= inv;
   }
   std::fill(acc, acc + G * D, 0.0f);
-  for (int64_t j = first; j < len; ++j) {
-    const CT* vr = key_row(j) + cache_half;
+  for_each_row([&](int64_t j, const CT* kr) {
+    const CT* vr = kr + cache_half;
     for (int64_t g = 0; g < G; ++g) {
-      const float p = scores[g * n + (j - first)];
+      const float p = scores[g * n + j];
       float* ag = acc + g * D;
       if (vector) {
         const __m256 pv = _mm256_set1_ps(p);
@@ -152,7 +156,7 @@ void attend_one(const Shape& s, int64_t b, int64_t h, const QT* q, const QT* k, 
         for (int64_t i = 0; i < D; ++i) ag[i] += p * widen(vr[i]);
       }
     }
-  }
+  });
   for (int64_t i = 0; i < G * D; ++i) o[i] = narrow<QT>(acc[i]);
 }
 

@@ -173,14 +173,53 @@ inline void store_tile(const __m256 (&acc)[R], int64_t m0, const Output<T>& out)
   }
 }
 
+// Each of `N` (row, term) pairs' block sums, start + Σ_g dot(acc, w[g], x's group g), with
+// every sum split over independent accumulators so the dot products' latency overlaps (a
+// chain of 8 dependent dpbusd would bound one row at a block per ~40 cycles).
+template <int N, typename Dot>
+inline void block_sums(const __m256i (&w)[8], const int8_t* const (&x)[N], __m256i start, Dot dot,
+                       __m256i (&sums)[N]) {
+  constexpr int kChains = N >= 8 ? 1 : N >= 4 ? 2 : 4;
+  __m256i part[N][kChains];
+  for (int r = 0; r < N; ++r) {
+    part[r][0] = start;
+    for (int c = 1; c < kChains; ++c) part[r][c] = _mm256_setzero_si256();
+  }
+  for (int g = 0; g < 8; ++g) {
+    for (int r = 0; r < N; ++r) {
+      part[r][g % kChains] = dot(part[r][g % kChains], w[g], broadcast4(x[r] + 4 * g));
+    }
+  }
+  for (int r = 0; r < N; ++r) {
+    sums[r] = part[r][0];
+    for (int c = 1; c < kChains; ++c) sums[r] = _mm256_add_epi32(sums[r], part[r][c]);
+  }
+}
+
+// The (row, term) pairs' int8 values of block b, and their scales.
+template <int R, int Terms>
+inline void block_inputs(const QuantizedActivations& x, int64_t m0, int64_t b,
+                         const int8_t* (&values)[R * Terms], float (&scales)[R * Terms]) {
+  const int64_t k = x.blocks * kBlock;
+  for (int i = 0; i < R; ++i) {
+    for (int t = 0; t < Terms; ++t) {
+      const int64_t row = (m0 + i) * Terms + t;
+      values[i * Terms + t] = x.q.data() + row * k + b * kBlock;
+      scales[i * Terms + t] = x.scale[row * x.blocks + b];
+    }
+  }
+}
+
 // One tile (8 output rows) against `R` activation rows from `m0`.
 template <int R, int Terms, typename S, typename T>
 void q4_tile(const uint8_t* wq, const S* wscale, const S* woffset, int64_t blocks,
              const QuantizedActivations& x, int64_t m0, const Output<T>& out) {
+  constexpr int N = R * Terms;
   __m256 acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
-  const int64_t k = blocks * kBlock;
   const __m256i low = _mm256_set1_epi8(0x0F);
+  // Weights are unsigned nibbles, activations signed: dpbusd takes them as they are.
+  auto dot = [](__m256i acc, __m256i w, __m256i xv) { return dot_u8s8(acc, w, xv); };
   for (int64_t b = 0; b < blocks; ++b) {
     const __m256i* wb = reinterpret_cast<const __m256i*>(wq + b * kTile * 16);
     __m256i w[8];
@@ -189,18 +228,20 @@ void q4_tile(const uint8_t* wq, const S* wscale, const S* woffset, int64_t block
       w[2 * p] = _mm256_and_si256(raw, low);
       w[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
     }
+    const int8_t* xv[N];
+    float dx[N];
+    block_inputs<R, Terms>(x, m0, b, xv, dx);
+    __m256i sums[N];
+    block_sums<N>(w, xv, _mm256_setzero_si256(), dot, sums);
     const __m256 scale = load8(wscale + b * kTile);
     const __m256 offset = load8(woffset + b * kTile);
     for (int i = 0; i < R; ++i) {
-      const int64_t row = m0 + i;
       for (int t = 0; t < Terms; ++t) {
-        const int8_t* xb = x.q.data() + (row * Terms + t) * k + b * kBlock;
-        __m256i sum = _mm256_setzero_si256();
-        for (int g = 0; g < 8; ++g) sum = dot_u8s8(sum, w[g], broadcast4(xb + 4 * g));
-        const __m256 dx = _mm256_set1_ps(x.scale[(row * Terms + t) * blocks + b]);
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(scale, dx), acc[i]);
+        const int r = i * Terms + t;
+        const __m256 sc = _mm256_mul_ps(scale, _mm256_set1_ps(dx[r]));
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), sc, acc[i]);
       }
-      acc[i] = _mm256_fmadd_ps(offset, _mm256_set1_ps(x.scaled_sum[row * blocks + b]), acc[i]);
+      acc[i] = _mm256_fmadd_ps(offset, _mm256_set1_ps(x.scaled_sum[(m0 + i) * blocks + b]), acc[i]);
     }
   }
   store_tile<R>(acc, m0, out);
@@ -209,35 +250,38 @@ void q4_tile(const uint8_t* wq, const S* wscale, const S* woffset, int64_t block
 template <int R, int Terms, typename S, typename T>
 void q8_tile(const int8_t* wq, const int32_t* corr, const S* wscale, int64_t blocks,
              const QuantizedActivations& x, int64_t m0, const Output<T>& out) {
+  constexpr int N = R * Terms;
   __m256 acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
-  const int64_t k = blocks * kBlock;
+#if IE_VNNI
+  // x arrives as xq + 128 (unsigned); the block's −128 Σ w starts each sum.
+  auto dot = [](__m256i acc, __m256i w, __m256i xv) { return IE_DPBUSD(acc, xv, w); };
+#else
+  // u8 · s8 products as |x| against w with x's sign moved onto it.
+  auto dot = [](__m256i acc, __m256i w, __m256i xv) {
+    return dot_u8s8(acc, _mm256_sign_epi8(xv, xv), _mm256_sign_epi8(w, xv));
+  };
+#endif
   for (int64_t b = 0; b < blocks; ++b) {
     const __m256i* wb = reinterpret_cast<const __m256i*>(wq + b * kTile * kBlock);
     __m256i w[8];
     for (int g = 0; g < 8; ++g) w[g] = _mm256_loadu_si256(wb + g);
-    const __m256 scale = load8(wscale + b * kTile);
 #if IE_VNNI
-    // x arrives as xq + 128 (unsigned); the block's −128 Σ w starts the sum.
     const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + b * kTile));
-#endif
-    for (int i = 0; i < R; ++i) {
-      const int64_t row = m0 + i;
-      for (int t = 0; t < Terms; ++t) {
-        const int8_t* xb = x.q.data() + (row * Terms + t) * k + b * kBlock;
-#if IE_VNNI
-        __m256i sum = start;
-        for (int g = 0; g < 8; ++g) sum = IE_DPBUSD(sum, broadcast4(xb + 4 * g), w[g]);
 #else
-        // u8 · s8 products as |x| against w with x's sign moved onto it.
-        __m256i sum = _mm256_setzero_si256();
-        for (int g = 0; g < 8; ++g) {
-          const __m256i xv = broadcast4(xb + 4 * g);
-          sum = dot_u8s8(sum, _mm256_sign_epi8(xv, xv), _mm256_sign_epi8(w[g], xv));
-        }
+    const __m256i start = _mm256_setzero_si256();
 #endif
-        const __m256 dx = _mm256_set1_ps(x.scale[(row * Terms + t) * blocks + b]);
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(scale, dx), acc[i]);
+    const int8_t* xv[N];
+    float dx[N];
+    block_inputs<R, Terms>(x, m0, b, xv, dx);
+    __m256i sums[N];
+    block_sums<N>(w, xv, start, dot, sums);
+    const __m256 scale = load8(wscale + b * kTile);
+    for (int i = 0; i < R; ++i) {
+      for (int t = 0; t < Terms; ++t) {
+        const int r = i * Terms + t;
+        const __m256 sc = _mm256_mul_ps(scale, _mm256_set1_ps(dx[r]));
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), sc, acc[i]);
       }
     }
   }
