@@ -70,18 +70,103 @@ struct Shape {
   int64_t table_stride;                  // between sequences' rows of the block table
 };
 
+// Eight keys' dot products with q (D values, D % 8 == 0) as one vector: eight independent
+// accumulators, then a transposing reduction instead of eight horizontal sums.
+template <typename CT>
+inline __m256 dot8(const float* q, const CT* const* rows, int64_t D) {
+  __m256 a[8];
+  for (int r = 0; r < 8; ++r) a[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < D; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+    for (int r = 0; r < 8; ++r) a[r] = _mm256_fmadd_ps(qv, load8(rows[r] + i), a[r]);
+  }
+  // hadd pairs: lanes (r0 r0 r1 r1 | r0 r0 r1 r1) ..., then fold the 128-bit halves.
+  const __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+  // s0123 = (r0 r1 r2 r3 | r0 r1 r2 r3) partial halves; same for s4567.
+  const __m256 lo = _mm256_permute2f128_ps(s0123, s4567, 0x20);
+  const __m256 hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
+  return _mm256_add_ps(lo, hi);
+}
+
+template <typename CT>
+inline float dot1(const float* q, const CT* row, int64_t D) {
+  __m256 a = _mm256_setzero_ps();
+  for (int64_t i = 0; i < D; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(row + i), a);
+  return hsum(a);
+}
+
+// out[g][c·8 .. c·8 + 8·S) = Σ_j p[g][j] · v_j over the S vectors from chunk c, for G heads:
+// G · S accumulators stay in registers while the keys stream by.
+template <int G, int S, typename CT>
+inline void weighted_values(const float* p, int64_t n, const CT* const* rows, int64_t c,
+                            float* out, int64_t D) {
+  __m256 acc[G][S];
+  for (int g = 0; g < G; ++g)
+    for (int i = 0; i < S; ++i) acc[g][i] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    __m256 v[S];
+    for (int i = 0; i < S; ++i) v[i] = load8(rows[j] + (c + i) * 8);
+    for (int g = 0; g < G; ++g) {
+      const __m256 pg = _mm256_set1_ps(p[g * n + j]);
+      for (int i = 0; i < S; ++i) acc[g][i] = _mm256_fmadd_ps(pg, v[i], acc[g][i]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int i = 0; i < S; ++i) _mm256_storeu_ps(out + g * D + (c + i) * 8, acc[g][i]);
+}
+
+template <int G, typename CT>
+inline void weighted_values_all(const float* p, int64_t n, const CT* const* rows, float* out,
+                                int64_t D) {
+  constexpr int S = G <= 3 ? 8 : G <= 6 ? 4 : 2;  // G · S <= 24 accumulators
+  int64_t c = 0;
+  for (; c + S <= D / 8; c += S) weighted_values<G, S>(p, n, rows, c, out, D);
+  for (; c < D / 8; ++c) weighted_values<G, 1>(p, n, rows, c, out, D);
+}
+
+// out[g] = Σ_j p[g][j] · v_j (value rows at `rows`), any G and D.
+template <typename CT>
+void weighted_sum(const float* p, int64_t n, const CT* const* rows, int64_t G, int64_t D,
+                  float* out) {
+  if (D % 8 == 0) {
+    switch (G) {
+      case 1: return weighted_values_all<1>(p, n, rows, out, D);
+      case 2: return weighted_values_all<2>(p, n, rows, out, D);
+      case 3: return weighted_values_all<3>(p, n, rows, out, D);
+      case 4: return weighted_values_all<4>(p, n, rows, out, D);
+      case 5: return weighted_values_all<5>(p, n, rows, out, D);
+      case 6: return weighted_values_all<6>(p, n, rows, out, D);
+      case 7: return weighted_values_all<7>(p, n, rows, out, D);
+      case 8: return weighted_values_all<8>(p, n, rows, out, D);
+      default: break;
+    }
+  }
+  std::fill(out, out + G * D, 0.0f);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t i = 0; i < D; ++i) out[g * D + i] += p[g * n + j] * widen(rows[j][i]);
+}
+
 template <typename QT, typename CT>
 void attend_one(const Shape& s, int64_t b, int64_t h, const QT* q, const QT* k, const QT* v,
                 CT* cache, int64_t cache_half, const int64_t* slots, const int32_t* block_table,
                 const int32_t* seq_lens, const int64_t* positions, const float* cos_sin,
                 int64_t cos_sin_stride, float scale, int64_t window, float soft_cap, QT* out,
-                std::vector<float>& scratch) {
+                std::vector<float>& scratch, std::vector<const CT*>& key_rows) {
   const int64_t D = s.head_dim, G = s.num_heads / s.num_kv_heads;
   const float* cs = cos_sin ? cos_sin + positions[b] * cos_sin_stride : nullptr;
   const int64_t slot = slots ? slots[b] : -1;
+  const int64_t len = seq_lens[b];
+  const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+  const int64_t n = std::max<int64_t>(0, len - first);
+  scratch.resize(G * D + G * n + G * D + D);
+  float* qf = scratch.data();     // [G, D] rotated queries
+  float* scores = qf + G * D;     // [G, n]
+  float* acc = scores + G * n;    // [G, D]
+  float* rotated = acc + G * D;   // [D] the new key
   if (slot >= 0) {
-    scratch.resize(std::max<size_t>(scratch.size(), D));
-    float* rotated = scratch.data();
     rotate(k + b * s.k_stride + h * D, cs, s.rotary_dim, D, rotated);
     const QT* vs = v + b * s.v_stride + h * D;
     CT* kd = cache + (slot * s.num_kv_heads + h) * D;
@@ -91,72 +176,49 @@ void attend_one(const Shape& s, int64_t b, int64_t h, const QT* q, const QT* k, 
       vd[i] = narrow<CT>(widen(vs[i]));
     }
   }
-  const int64_t len = seq_lens[b];
   QT* o = out + (b * s.num_heads + h * G) * D;
-  if (len <= 0) {
+  if (n == 0) {
     std::fill(o, o + G * D, narrow<QT>(0.0f));
     return;
   }
-  const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-  const int64_t n = len - first;
-  scratch.resize(G * D + G * n + G * D);
-  float* qf = scratch.data();           // [G, D] rotated queries
-  float* scores = qf + G * D;           // [G, n]
-  float* acc = scores + G * n;          // [G, D]
   for (int64_t g = 0; g < G; ++g) {
     rotate(q + b * s.q_stride + (h * G + g) * D, cs, s.rotary_dim, D, qf + g * D);
   }
+  // The sequence's key rows for this head, page by page (values sit `cache_half` further).
+  key_rows.resize(n);
   const int32_t* table = block_table + b * s.table_stride;
-  const int64_t row_stride = s.num_kv_heads * D;  // between a page's token rows
-  // Calls f(j, key row) for j in [first, len), page by page (no division per key).
-  auto for_each_row = [&](auto&& f) {
-    for (int64_t p = first / s.block_size; p * s.block_size < len; ++p) {
-      const CT* rows = cache + (static_cast<int64_t>(table[p]) * s.block_size * s.num_kv_heads + h) * D;
-      const int64_t lo = std::max(first, p * s.block_size), hi = std::min(len, (p + 1) * s.block_size);
-      for (int64_t j = lo; j < hi; ++j) f(j - first, rows + (j - p * s.block_size) * row_stride);
-    }
-  };
-  const bool vector = D % 8 == 0;
-  for_each_row([&](int64_t j, const CT* kr) {
-    for (int64_t g = 0; g < G; ++g) {
-      const float* qg = qf + g * D;
-      float dot = 0.0f;
-      if (vector) {
-        __m256 a = _mm256_setzero_ps();
-        for (int64_t i = 0; i < D; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), load8(kr + i), a);
-        dot = hsum(a);
-      } else {
-        for (int64_t i = 0; i < D; ++i) dot += qg[i] * widen(kr[i]);
-      }
-      float score = dot * scale;
-      if (soft_cap > 0.0f) score = soft_cap * std::tanh(score / soft_cap);
-      scores[g * n + j] = score;
-    }
-  });
-  for (int64_t g = 0; g < G; ++g) {
-    float* sg = scores + g * n;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, sg[j]);
-    const float total = exp_in_place(sg, n, mx);
-    const float inv = 1.0f / total;
-    for (int64_t j = 0; j < n; ++j) sg[j] *= inv;
+  const int64_t row_stride = s.num_kv_heads * D;
+  for (int64_t j = first; j < len; ++j) {
+    const int64_t page = table[j / s.block_size];
+    key_rows[j - first] = cache + ((page * s.block_size + j % s.block_size) * s.num_kv_heads + h) * D;
   }
-  std::fill(acc, acc + G * D, 0.0f);
-  for_each_row([&](int64_t j, const CT* kr) {
-    const CT* vr = kr + cache_half;
-    for (int64_t g = 0; g < G; ++g) {
-      const float p = scores[g * n + j];
-      float* ag = acc + g * D;
-      if (vector) {
-        const __m256 pv = _mm256_set1_ps(p);
-        for (int64_t i = 0; i < D; i += 8) {
-          _mm256_storeu_ps(ag + i, _mm256_fmadd_ps(pv, load8(vr + i), _mm256_loadu_ps(ag + i)));
-        }
-      } else {
-        for (int64_t i = 0; i < D; ++i) ag[i] += p * widen(vr[i]);
+  const CT* const* rows = key_rows.data();
+  const bool vector = D % 8 == 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const float* qg = qf + g * D;
+    float* sg = scores + g * n;
+    int64_t j = 0;
+    if (vector) {
+      for (; j + 8 <= n; j += 8) _mm256_storeu_ps(sg + j, dot8(qg, rows + j, D));
+      for (; j < n; ++j) sg[j] = dot1(qg, rows[j], D);
+    } else {
+      for (; j < n; ++j) {
+        float dot = 0.0f;
+        for (int64_t i = 0; i < D; ++i) dot += qg[i] * widen(rows[j][i]);
+        sg[j] = dot;
       }
     }
-  });
+    for (j = 0; j < n; ++j) sg[j] *= scale;
+    if (soft_cap > 0.0f) {
+      for (j = 0; j < n; ++j) sg[j] = soft_cap * std::tanh(sg[j] / soft_cap);
+    }
+    float mx = -std::numeric_limits<float>::infinity();
+    for (j = 0; j < n; ++j) mx = std::max(mx, sg[j]);
+    const float inv = 1.0f / exp_in_place(sg, n, mx);
+    for (j = 0; j < n; ++j) sg[j] *= inv;
+  }
+  for (int64_t j = 0; j < n; ++j) key_rows[j] += cache_half;  // now the value rows
+  weighted_sum(scores, n, rows, G, D, acc);
   for (int64_t i = 0; i < G * D; ++i) o[i] = narrow<QT>(acc[i]);
 }
 
@@ -171,14 +233,21 @@ void run(const Shape& s, const at::Tensor& q, const at::Tensor& k, const at::Ten
   const int64_t* pos_ptr = positions ? positions->data_ptr<int64_t>() : nullptr;
   const float* cs_ptr = cos_sin ? cos_sin->data_ptr<float>() : nullptr;
   const int64_t cs_stride = cos_sin ? cos_sin->size(1) : 0;
-  at::parallel_for(0, s.batch * s.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch;
+  // Small steps (a few short sequences) run on this thread: a parallel region costs more
+  // than it saves below a few thousand key rows.
+  int64_t rows = 0;
+  for (int64_t b = 0; b < s.batch; ++b) rows += seq_lens.data_ptr<int32_t>()[b];
+  const int64_t items = s.batch * s.num_kv_heads;
+  const int64_t grain = rows * s.num_kv_heads < 4096 ? items : 1;
+  at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scratch;
+    thread_local std::vector<const CT*> key_rows;
     for (int64_t item = begin; item < end; ++item) {
       attend_one<QT, CT>(s, item / s.num_kv_heads, item % s.num_kv_heads, q.data_ptr<QT>(),
                          k.data_ptr<QT>(), v.data_ptr<QT>(), cache.data_ptr<CT>(), cache_half,
                          slot_ptr, block_table.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(),
                          pos_ptr, cs_ptr, cs_stride, static_cast<float>(scale), window,
-                         static_cast<float>(soft_cap), out.data_ptr<QT>(), scratch);
+                         static_cast<float>(soft_cap), out.data_ptr<QT>(), scratch, key_rows);
     }
   });
 }
