@@ -75,37 +75,38 @@ def fits_kernels(shape: tuple[int, int]) -> bool:
 
 
 class _Packed:
-    """A weight as the kernel of its kind reads it, held as buffers of `owner`."""
+    """A weight as the kernel of its kind reads it. `owner` holds the tensors as buffers (so
+    they count as the module's); the matmul keeps its own references, as a decode step calls
+    it a hundred times and more (the model is built on its device and never moved)."""
 
     def __init__(self, owner: nn.Module, weight: BlockQuantWeight):
         if not fits_kernels(weight.shape):
             raise ValueError(f"block weights need K a multiple of {BLOCK}; got {weight.shape}")
-        self.kind = weight.kind
+        ops = cpu_native.native_ops()
+        if ops is None:
+            raise RuntimeError(
+                f"our CPU kernels are unavailable: {cpu_native.unavailable_reason()}"
+            )
         self.out_features, self.in_features = weight.shape
         if weight.kind == "q4":
             assert weight.offset is not None
-            packed = cpu_native.pack_q4(weight.values, weight.scale, weight.offset)
+            self.tensors = cpu_native.pack_q4(weight.values, weight.scale, weight.offset)
             names = ("weight_packed", "weight_scale", "weight_offset")
+            self.kernel = ops.qlinear_q4
         else:
-            packed = cpu_native.pack_q8(weight.values, weight.scale)
+            self.tensors = cpu_native.pack_q8(weight.values, weight.scale)
             names = ("weight_packed", "weight_corr", "weight_scale")
-        for name, tensor in zip(names, packed, strict=True):
+            self.kernel = ops.qlinear_q8
+        for name, tensor in zip(names, self.tensors, strict=True):
             owner.register_buffer(name, tensor, persistent=False)
-        self.names = names
 
-    def matmul(self, owner: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        ops = cpu_native.native_ops()
-        assert ops is not None, "block-quantized layers are built only where the kernels load"
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if rows.dtype not in (torch.float32, torch.bfloat16):
-            rows = rows.float()
-        if not rows.is_contiguous():
-            rows = rows.contiguous()
+        if rows.dtype not in (torch.float32, torch.bfloat16) or not rows.is_contiguous():
+            rows = rows.float().contiguous()
         if bias is not None and bias.dtype != rows.dtype:
             bias = bias.to(rows.dtype)
-        tensors = [getattr(owner, name) for name in self.names]
-        kernel = ops.qlinear_q4 if self.kind == "q4" else ops.qlinear_q8
-        y = kernel(rows, *tensors, bias, self.out_features, cpu_native.ACTIVATION_TERMS)
+        y = self.kernel(rows, *self.tensors, bias, self.out_features, cpu_native.ACTIVATION_TERMS)
         if y.dtype != x.dtype:
             y = y.to(x.dtype)
         return y.view(*x.shape[:-1], self.out_features)
@@ -126,7 +127,7 @@ class BlockQuantLinearMethod:
         self.packed = _Packed(layer, weight)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return self.packed.matmul(layer, x, bias)
+        return self.packed.matmul(x, bias)
 
 
 class BlockQuantLMHead(nn.Module):
@@ -141,4 +142,4 @@ class BlockQuantLMHead(nn.Module):
         self.weight = tied
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.packed.matmul(self, hidden, None)[..., : self.vocab_size]
+        return self.packed.matmul(hidden, None)[..., : self.vocab_size]
