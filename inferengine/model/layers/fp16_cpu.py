@@ -1,7 +1,8 @@
 """Float16 weights under float32 CPU matmuls, on fbgemm's packed fp16 GEMM (x86).
 
-Where torch's int4 kernel has no fast code (AVX2 without AVX-512), a GGUF's weights used to be
-dequantized to float32, and a decode step read 4 bytes a weight. fbgemm keeps each weight as
+Where our CPU kernels (`layers/block_quant_cpu.py`) cannot be built, or a GGUF's types are
+not ones they take, its weights load dequantized, and a decode step would read 4 bytes a
+weight in float32. fbgemm keeps each weight as
 float16, packed for its GEMM, converts it in registers and accumulates in float32: half the
 bytes, with activations, outputs and every other op still float32. Rounding a dequantized
 GGUF weight to float16 moves it by at most 2^-11 of itself, far below the 4- or 8-bit
