@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -327,57 +328,77 @@ void for_each_tile(int64_t tiles, int64_t rows, F&& tile) {
   });
 }
 
-// Calls `kernel.template operator()<R>(...)`-style dispatch on the chunk's row count.
-#define IE_DISPATCH_ROWS(r, CALL) \
-  switch (r) {                    \
-    case 1: CALL(1); break;       \
-    case 2: CALL(2); break;       \
-    case 3: CALL(3); break;       \
-    default: CALL(4); break;      \
-  }
+// Calls f(R, Terms) with the chunk's row count (1..kMaxRows) and the activations' terms (1, 2)
+// as compile-time constants (std::integral_constant), so the micro-kernels unroll over them.
+template <typename F>
+void with_constants(int64_t rows, int64_t terms, F&& f) {
+  auto rows_then = [&](auto t) {
+    switch (rows) {
+      case 1: return f(std::integral_constant<int, 1>{}, t);
+      case 2: return f(std::integral_constant<int, 2>{}, t);
+      case 3: return f(std::integral_constant<int, 3>{}, t);
+      default: return f(std::integral_constant<int, 4>{}, t);
+    }
+  };
+  terms == 2 ? rows_then(std::integral_constant<int, 2>{})
+             : rows_then(std::integral_constant<int, 1>{});
+}
+
+// x quantized (`unsigned_x`: as x + 128), then tile(t, m0, R, Terms, x, out) for every tile
+// of 8 output rows and chunk of up to kMaxRows activation rows.
+template <typename T, typename Tile>
+void run_tiles(const at::Tensor& x, int64_t tiles, int64_t terms, bool unsigned_x,
+               const c10::optional<at::Tensor>& bias, at::Tensor& y, Tile&& tile) {
+  thread_local QuantizedActivations xq;
+  const int64_t rows = x.size(0), n = y.size(1);
+  quantize_activations(x.data_ptr<T>(), rows, x.size(1), terms, unsigned_x, xq);
+  const QuantizedActivations& xa = xq;
+  for_each_tile(tiles, rows, [&](int64_t t, int64_t m0, int64_t r) {
+    const Output<T> out{y.data_ptr<T>(), n, t * kTile, std::min(kTile, n - t * kTile),
+                        bias ? bias->data_ptr<T>() : nullptr};
+    with_constants(r, terms, [&](auto R, auto Terms) { tile(t, m0, R, Terms, xa, out); });
+  });
+}
 
 template <typename S, typename T>
 void run_q4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
             const at::Tensor& offset, const c10::optional<at::Tensor>& bias, int64_t terms,
             at::Tensor& y) {
-  thread_local QuantizedActivations xq;
-  const int64_t rows = x.size(0), blocks = q.size(1), n = y.size(1);
-  quantize_activations(x.data_ptr<T>(), rows, x.size(1), terms, false, xq);
-  const QuantizedActivations& xa = xq;
-  for_each_tile(q.size(0), rows, [&](int64_t t, int64_t m0, int64_t r) {
-    const uint8_t* tq = q.data_ptr<uint8_t>() + t * blocks * kTile * 16;
-    const S* ts = scale.data_ptr<S>() + t * blocks * kTile;
-    const S* to = offset.data_ptr<S>() + t * blocks * kTile;
-    const Output<T> out{y.data_ptr<T>(), n, t * kTile, std::min(kTile, n - t * kTile),
-                        bias ? bias->data_ptr<T>() : nullptr};
-#define IE_Q4(R)                                              \
-  (terms == 2 ? q4_tile<R, 2>(tq, ts, to, blocks, xa, m0, out) \
-              : q4_tile<R, 1>(tq, ts, to, blocks, xa, m0, out))
-    IE_DISPATCH_ROWS(r, IE_Q4)
-#undef IE_Q4
-  });
+  const int64_t blocks = q.size(1);
+  run_tiles<T>(x, q.size(0), terms, false, bias, y,
+               [&](int64_t t, int64_t m0, auto R, auto Terms, const QuantizedActivations& xa,
+                   const Output<T>& out) {
+                 q4_tile<decltype(R)::value, decltype(Terms)::value>(
+                     q.data_ptr<uint8_t>() + t * blocks * kTile * 16,
+                     scale.data_ptr<S>() + t * blocks * kTile,
+                     offset.data_ptr<S>() + t * blocks * kTile, blocks, xa, m0, out);
+               });
 }
 
 template <typename S, typename T>
 void run_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& corr,
             const at::Tensor& scale, const c10::optional<at::Tensor>& bias, int64_t terms,
             at::Tensor& y) {
-  thread_local QuantizedActivations xq;
-  const int64_t rows = x.size(0), blocks = q.size(1), n = y.size(1);
-  quantize_activations(x.data_ptr<T>(), rows, x.size(1), terms, IE_VNNI, xq);
-  const QuantizedActivations& xa = xq;
-  for_each_tile(q.size(0), rows, [&](int64_t t, int64_t m0, int64_t r) {
-    const int8_t* tq = q.data_ptr<int8_t>() + t * blocks * kTile * kBlock;
-    const int32_t* tc = corr.data_ptr<int32_t>() + t * blocks * kTile;
-    const S* ts = scale.data_ptr<S>() + t * blocks * kTile;
-    const Output<T> out{y.data_ptr<T>(), n, t * kTile, std::min(kTile, n - t * kTile),
-                        bias ? bias->data_ptr<T>() : nullptr};
-#define IE_Q8(R)                                              \
-  (terms == 2 ? q8_tile<R, 2>(tq, tc, ts, blocks, xa, m0, out) \
-              : q8_tile<R, 1>(tq, tc, ts, blocks, xa, m0, out))
-    IE_DISPATCH_ROWS(r, IE_Q8)
-#undef IE_Q8
-  });
+  const int64_t blocks = q.size(1);
+  run_tiles<T>(x, q.size(0), terms, IE_VNNI, bias, y,
+               [&](int64_t t, int64_t m0, auto R, auto Terms, const QuantizedActivations& xa,
+                   const Output<T>& out) {
+                 q8_tile<decltype(R)::value, decltype(Terms)::value>(
+                     q.data_ptr<int8_t>() + t * blocks * kTile * kBlock,
+                     corr.data_ptr<int32_t>() + t * blocks * kTile,
+                     scale.data_ptr<S>() + t * blocks * kTile, blocks, xa, m0, out);
+               });
+}
+
+// Calls f(S{}, T{}) with S the scales' element type and T the activations'.
+template <typename F>
+void dispatch_types(const at::Tensor& x, const at::Tensor& scale, F&& f) {
+  const bool half = scale.scalar_type() == at::kHalf;
+  if (x.scalar_type() == at::kFloat) {
+    half ? f(c10::Half{}, float{}) : f(float{}, float{});
+  } else {
+    half ? f(c10::Half{}, c10::BFloat16{}) : f(float{}, c10::BFloat16{});
+  }
 }
 
 at::Tensor qlinear_q4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
@@ -390,14 +411,9 @@ at::Tensor qlinear_q4(const at::Tensor& x, const at::Tensor& q, const at::Tensor
               "offsets must match the scales");
   check_bias(bias, x, out_features);
   at::Tensor y = at::empty({x.size(0), out_features}, x.options());
-  const bool half = scale.scalar_type() == at::kHalf;
-  if (x.scalar_type() == at::kFloat) {
-    half ? run_q4<c10::Half, float>(x, q, scale, offset, bias, terms, y)
-         : run_q4<float, float>(x, q, scale, offset, bias, terms, y);
-  } else {
-    half ? run_q4<c10::Half, c10::BFloat16>(x, q, scale, offset, bias, terms, y)
-         : run_q4<float, c10::BFloat16>(x, q, scale, offset, bias, terms, y);
-  }
+  dispatch_types(x, scale, [&](auto s, auto t) {
+    run_q4<decltype(s), decltype(t)>(x, q, scale, offset, bias, terms, y);
+  });
   return y;
 }
 
@@ -411,14 +427,9 @@ at::Tensor qlinear_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor
               "corr must be int32 [N/8, K/32, 8]");
   check_bias(bias, x, out_features);
   at::Tensor y = at::empty({x.size(0), out_features}, x.options());
-  const bool half = scale.scalar_type() == at::kHalf;
-  if (x.scalar_type() == at::kFloat) {
-    half ? run_q8<c10::Half, float>(x, q, corr, scale, bias, terms, y)
-         : run_q8<float, float>(x, q, corr, scale, bias, terms, y);
-  } else {
-    half ? run_q8<c10::Half, c10::BFloat16>(x, q, corr, scale, bias, terms, y)
-         : run_q8<float, c10::BFloat16>(x, q, corr, scale, bias, terms, y);
-  }
+  dispatch_types(x, scale, [&](auto s, auto t) {
+    run_q8<decltype(s), decltype(t)>(x, q, corr, scale, bias, terms, y);
+  });
   return y;
 }
 
