@@ -59,10 +59,12 @@ def replica_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(forwarded)}
 
 
-def cpu_kernels() -> bool:
-    """Our C++ CPU kernels may be built and used (`INFERENGINE_CPU_KERNELS=0` keeps the torch
-    ops instead, for comparisons and debugging)."""
-    return os.environ.get("INFERENGINE_CPU_KERNELS", "1") != "0"
+def cpu_kernels() -> str:
+    """How our C++ CPU kernels are built (`INFERENGINE_CPU_KERNELS`): "native" (the default,
+    for this CPU's instruction sets), "off" (`0`: torch ops instead, for comparisons) or
+    "avx2" (without AVX-512 and VNNI, as CPUs that lack them run: for testing that path)."""
+    value = os.environ.get("INFERENGINE_CPU_KERNELS", "1").lower()
+    return {"1": "native", "0": "off"}.get(value, value)
 
 
 def omp_num_threads() -> str | None:

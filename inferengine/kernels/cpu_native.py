@@ -1,20 +1,24 @@
 """Our C++ CPU kernels (`kernels/csrc/`): compiled once per machine, loaded as torch ops.
 
-They are built on first use with torch's extension builder (a C++17 compiler and ninja),
-for this CPU's instruction set (`-march=native`; x86-64 with AVX2 and F16C at least), into
-`$INFERENGINE_CACHE_DIR/cpu_kernels/`, and registered as `torch.ops.inferengine_cpu.*`. Where
-they cannot be built, `native_ops()` says why and every caller keeps its torch path.
+They are built on first use with torch's extension builder (a C++17 compiler and ninja) for
+this CPU's instruction sets (`-march=native`; x86-64 with AVX2, FMA and F16C at least), cached
+as `$INFERENGINE_CACHE_DIR/cpu_kernels/<name>.so`, and registered as
+`torch.ops.inferengine_cpu.*`. Where they cannot be built, `native_ops()` says why and every
+caller keeps its torch path.
 
-`qlinear_q4` / `qlinear_q8` multiply by block-quantized weights (GGUF's Q4_0, Q4_1, Q4_K and
-Q8_0 exactly) with the activations quantized to int8 per block of 32, as llama.cpp does;
-`pack_q4` / `pack_q8` lay the weights out as the kernels read them, and `qlinear_reference`
-is the same arithmetic in torch, for tests.
+`qlinear_q4` / `qlinear_q8` multiply by block-quantized weights (GGUF's Q4_0, Q4_1, Q4_K, Q8_0
+and Q5_0 exactly) with the activations quantized per block of 32 into int8 terms; `pack_q4` /
+`pack_q8` lay the weights out as the kernels read them, and `qlinear_reference` is the same
+arithmetic in torch, for tests. `decode_attention`, `rms_norm` and `silu_and_mul` are checked
+against their torch paths in `tests/kernels/test_cpu_native.py`.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +37,9 @@ TILE = 8  # output rows per packed weight tile (one per int32 lane)
 ACTIVATION_TERMS = 2
 _SOURCES = ("qgemm.cpp", "decode_attention.cpp", "elementwise.cpp")
 _REQUIRED_FLAGS = frozenset({"avx2", "fma", "f16c"})
+# Compiler flags beside -march=native per INFERENGINE_CPU_KERNELS mode: "avx2" builds the path
+# of CPUs without AVX-512 (16 vector registers, no dpbusd) on one that has it, to test it.
+_MODE_FLAGS = {"native": [], "avx2": ["-mno-avx512f", "-mno-avxvnni"]}
 _unavailable_reason: str | None = None
 
 
@@ -54,10 +61,10 @@ def _source_dir() -> Path:
     return Path(__file__).resolve().parent / "csrc"
 
 
-def _build_name(sources: list[Path]) -> str:
-    """An extension name unique to the sources and this CPU's instruction set, so a cache
-    shared between machines never loads a build for another CPU."""
-    digest = hashlib.sha256()
+def _build_name(sources: list[Path], flags: list[str]) -> str:
+    """An extension name unique to the sources, the flags and this CPU's instruction set, so a
+    cache shared between machines never loads a build for another CPU."""
+    digest = hashlib.sha256(" ".join(flags).encode())
     for path in sources:
         digest.update(path.read_bytes())
     isa = sorted(f for f in cpu_flags() if f.startswith(("avx", "f16c", "fma", "amx")))
@@ -80,9 +87,14 @@ def native_ops() -> Any | None:
     global _unavailable_reason
     import platform
 
-    if not envs.cpu_kernels():
+    mode = envs.cpu_kernels()
+    if mode == "off":
         _unavailable_reason = "INFERENGINE_CPU_KERNELS=0"
         logger.info("CPU kernels off (INFERENGINE_CPU_KERNELS=0): torch ops instead")
+        return None
+    if mode not in _MODE_FLAGS:
+        _unavailable_reason = f"INFERENGINE_CPU_KERNELS={mode!r} is not 1, 0 or avx2"
+        logger.warning("CPU kernels unavailable: %s", _unavailable_reason)
         return None
     if platform.machine().lower() not in ("x86_64", "amd64"):
         _unavailable_reason = f"they are written for x86-64, this is {platform.machine()}"
@@ -91,7 +103,7 @@ def native_ops() -> Any | None:
         _unavailable_reason = f"this CPU lacks {missing}"
     else:
         try:
-            _build_and_load()
+            _build_and_load(_MODE_FLAGS[mode])
             return torch.ops.inferengine_cpu
         except Exception as e:  # a missing compiler or ninja, a failed build
             first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -104,28 +116,38 @@ def unavailable_reason() -> str | None:
     return _unavailable_reason
 
 
-def _build_and_load() -> None:
+def _build_and_load(flags: list[str]) -> None:
+    """Load the cached library, or build it in a folder of this process's own and move it
+    into the cache: a build that is killed half-way leaves no lock for the next start to wait
+    on forever (torch's builder locks its build folder), and processes building at once each
+    finish (the move is atomic)."""
     from torch.utils import cpp_extension
 
     sources = [_source_dir() / name for name in _SOURCES]
-    name = _build_name([*sources, _source_dir() / "simd.h"])
-    build_dir = envs.cache_dir() / "cpu_kernels" / name
-    build_dir.mkdir(parents=True, exist_ok=True)
+    name = _build_name([*sources, _source_dir() / "simd.h"], flags)
+    cache = envs.cache_dir() / "cpu_kernels"
+    library = cache / f"{name}.so"
     start = time.perf_counter()
-    built = any(build_dir.glob("*.so"))
-    cpp_extension.load(
-        name=name,
-        sources=[str(s) for s in sources],
-        build_directory=str(build_dir),
-        extra_cflags=["-O3", "-march=native", "-std=c++17", "-fopenmp"],
-        extra_ldflags=["-fopenmp"],
-        is_python_module=False,
-        verbose=False,
-    )
+    built = not library.exists()
+    if built:
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f"{name}-", dir=cache) as build_dir:
+            cpp_extension.load(
+                name=name,
+                sources=[str(s) for s in sources],
+                build_directory=build_dir,
+                extra_cflags=["-O3", "-march=native", *flags, "-std=c++17", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                is_python_module=False,
+                verbose=False,
+            )
+            os.replace(Path(build_dir) / f"{name}.so", library)
+    else:
+        torch.ops.load_library(str(library))
     logger.info(
         "CPU kernels (%s) %s in %.1f s",
         torch.ops.inferengine_cpu.isa(),
-        "loaded" if built else "built",
+        "built" if built else "loaded",
         time.perf_counter() - start,
     )
 

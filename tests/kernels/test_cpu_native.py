@@ -5,8 +5,11 @@ packing's round trip, decode attention with rotary and the K/V store, RMSNorm an
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
+import subprocess
+import sys
 import zlib
 
 import pytest
@@ -261,3 +264,47 @@ def test_kernels_off_by_environment(monkeypatch):
     monkeypatch.setenv("INFERENGINE_CPU_KERNELS", "0")
     assert cpu_native.native_ops.__wrapped__() is None
     assert cpu_native.unavailable_reason() == "INFERENGINE_CPU_KERNELS=0"
+    monkeypatch.setenv("INFERENGINE_CPU_KERNELS", "sse")
+    assert cpu_native.native_ops.__wrapped__() is None
+    assert "not 1, 0 or avx2" in str(cpu_native.unavailable_reason())
+
+
+_AVX2_CHECK = """
+import torch
+from inferengine.kernels import cpu_native as cn
+from inferengine.kernels.cpu_native import BLOCK
+ops = cn.native_ops()
+assert ops is not None and ops.isa() == "avx2", (ops and ops.isa(), cn.unavailable_reason())
+g = torch.Generator().manual_seed(0)
+for m, n, k in [(1, 72, 96), (3, 44, 64), (5, 16, 32), (16, 40, 128)]:
+    u = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    scale = (torch.rand(n, k // BLOCK, generator=g) * 0.02).half().float()
+    offset = (-torch.rand(n, k // BLOCK, generator=g) * 0.1).half().float()
+    p4, p8 = cn.pack_q4(u, scale, offset), cn.pack_q8(q, scale)
+    x = torch.randn(m, k, generator=g)
+    for terms in (1, 2):
+        for y, w in [(ops.qlinear_q4(x, *p4, None, n, terms), cn.dequantize_q4(*p4)),
+                     (ops.qlinear_q8(x, *p8, None, n, terms), cn.dequantize_q8(p8[0], p8[2]))]:
+            ref = cn.qlinear_reference(x, w[:n], terms)
+            torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+print("avx2 path ok")
+"""
+
+
+def test_the_avx2_path_matches_the_reference():
+    """CPUs without AVX-512 or VNNI take other code (maddubs, sign moves, 16 registers): built
+    that way here (INFERENGINE_CPU_KERNELS=avx2, in a process of its own) and checked."""
+    if not x86_with_compiler:
+        pytest.skip("needs x86-64 with AVX2 and a C++ compiler")
+    env = dict(os.environ, INFERENGINE_CPU_KERNELS="avx2")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run(
+        [sys.executable, "-c", _AVX2_CHECK],
+        env=env,
+        cwd=repo,  # this checkout's package, whatever is installed
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0 and "avx2 path ok" in done.stdout, done.stderr[-3000:]
