@@ -28,8 +28,8 @@ ENGINE_HELP = {
     "quantization": "fp8: FP8 weights (one scale per output channel, quantized on load from a "
     "bf16/fp16 checkpoint) and FP8 activations per token; FP8 checkpoints (Hugging Face fp8, "
     "compressed-tensors) are detected without it. none (default): unquantized",
-    "gguf_dequantize": "load a GGUF's Q4_0/Q4_1/Q4_K weights dequantized to --dtype; by default "
-    "they stay 4-bit on the CPU (torch's int4 kernel, where the CPU has AVX-512)",
+    "gguf_dequantize": "load a GGUF's Q4_0/Q4_1/Q4_K/Q8_0/Q5_0 weights dequantized to --dtype; by "
+    "default they stay quantized on the CPU, run by our C++ kernels",
     "model_impl": "auto: our own model code when the architecture has it, else Transformers' "
     "modeling code on our paged attention; native: ours only; transformers: always Transformers'",
     "device": "auto, cuda or cpu",

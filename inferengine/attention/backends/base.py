@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RotaryInputs:
-    """Rotary embedding a backend with `fuses_rotary` applies while storing K/V: NeoX halves
+    """Rotary embedding a backend that `takes_rotary` applies while storing K/V: NeoX halves
     of whole heads, cos | sin rows of `cos_sin_cache` picked by `positions`."""
 
     positions: torch.Tensor  # [T]
@@ -69,4 +69,4 @@ class AttentionBackend(ABC):
         rotary: RotaryInputs | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
         """Write `key`/`value` into their slots, then attend each query over its context.
-        With `rotary` (only for backends with `fuses_rotary`), rotate query and key first."""
+        With `rotary` (only where `takes_rotary` said so), rotate query and key first."""

@@ -262,7 +262,7 @@ def _checkpoint_weights(name: str, module: nn.Module, stacked: Any) -> list[str]
     prefix = name[: -len(last)]
     sizes = getattr(module, "output_sizes", [])
     if len(shards) != len(sizes):
-        return []  # not a layout we know: stays dense (a missing name is never int4)
+        return []  # not a layout we know: stays dense (a missing name is never kept quantized)
     return [f"{prefix}{hf_part}.weight" for _, hf_part in sorted(shards)]
 
 

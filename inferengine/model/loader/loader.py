@@ -47,7 +47,7 @@ def load_model(
         fp8_layers.quantize_model(model, checkpoint, dtype)
     # A GGUF's quantized weights stay quantized on the CPU (unless FP8 was asked for); those names
     # are not read as floats.
-    int4 = frozenset() if fp8 else install_gguf_linears(model, model_config, device, dtype)
+    quantized = frozenset() if fp8 else install_gguf_linears(model, model_config, device, dtype)
     # Buffers computed in float32 (the rotary cos/sin table) stay float32.
     if model_config.load_format == "dummy":
         if hasattr(model, "materialize"):  # built on the meta device until its weights come
@@ -56,14 +56,14 @@ def load_model(
     else:
         from pathlib import Path
 
-        wanted = skip_names(getattr(model, "wants_weight", None), int4)
+        wanted = skip_names(getattr(model, "wants_weight", None), quantized)
         weights = iterate_safetensors(Path(model_config.model_path), wanted)
         if fp8:
             weights = fp8_layers.checkpoint_tensors(weights, checkpoint)
         model.load_weights(weights)
     if fp8:
         fp8_layers.finish_loading(model)
-    if not fp8 and not int4 and wants_fp16_weights(model_config, device, dtype):
+    if not fp8 and not quantized and wants_fp16_weights(model_config, device, dtype):
         from inferengine.model.layers.fp16_cpu import pack_linears_fp16
 
         logger.info(
@@ -76,7 +76,7 @@ def load_model(
         "loaded %s (%s%s, %s) in %.2f s",
         model_config.architecture,
         model_config.dtype,
-        " with FP8 weights" if fp8 else " with quantized GGUF weights" if int4 else "",
+        " with FP8 weights" if fp8 else " with quantized GGUF weights" if quantized else "",
         "dummy weights" if model_config.load_format == "dummy" else "safetensors",
         time.perf_counter() - start,
     )
