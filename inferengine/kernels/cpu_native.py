@@ -152,7 +152,7 @@ def _build_and_load(flags: list[str]) -> None:
     )
 
 
-def padded_rows(n: int) -> int:
+def _padded_rows(n: int) -> int:
     return -(-n // TILE) * TILE
 
 
@@ -185,7 +185,7 @@ def pack_q4(
     n, k = u.shape
     if k % BLOCK or scale.shape != (n, k // BLOCK) or offset.shape != scale.shape:
         raise ValueError(f"q4 weights need K a multiple of {BLOCK}: {tuple(u.shape)}")
-    rows, blocks = padded_rows(n), k // BLOCK
+    rows, blocks = _padded_rows(n), k // BLOCK
     # [tile, row, block, group pair, low/high, 4 inputs]
     groups = _pad_rows(u, rows).to(torch.uint8).view(rows // TILE, TILE, blocks, 4, 2, 4)
     packed = groups[:, :, :, :, 0] | (groups[:, :, :, :, 1] << 4)
@@ -206,7 +206,7 @@ def pack_q8(
         raise ValueError(f"q8 weights need K a multiple of {BLOCK}: {tuple(q.shape)}")
     if bool((q == -128).any()):
         raise ValueError("q8 weights must lie in -127..127")
-    rows, blocks = padded_rows(n), k // BLOCK
+    rows, blocks = _padded_rows(n), k // BLOCK
     tiles = _pad_rows(q, rows).to(torch.int8).view(rows // TILE, TILE, blocks, 8, 4)
     packed = tiles.permute(0, 2, 3, 1, 4).reshape(rows // TILE, blocks, 256).contiguous()
     sums = tiles.sum(dim=(3, 4))  # [tile, row, block]

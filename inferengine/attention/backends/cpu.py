@@ -57,10 +57,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
     ) -> bool:
         """A decode step our C++ kernel runs rotates its query and key there."""
         return (
-            metadata.is_decode
-            and query.shape[0] == metadata.num_seqs
-            and rotary_emb.cos_sin_cache.dtype == torch.float32
-            and _native(query, kv_cache) is not None
+            rotary_emb.cos_sin_cache.dtype == torch.float32
+            and _native_decode(query, kv_cache, metadata) is not None
         )
 
     def forward(
@@ -75,8 +73,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
     ) -> torch.Tensor:
         if not metadata.is_decode:
             return self._mixed(spec, query, key, value, kv_cache, metadata)
-        ops = _native(query, kv_cache)
-        if ops is not None and query.shape[0] == metadata.num_seqs:
+        ops = _native_decode(query, kv_cache, metadata)
+        if ops is not None:
             return ops.decode_attention(
                 query,
                 key,
@@ -151,8 +149,13 @@ class CpuAttentionBackend(TorchAttentionBackend):
         return out
 
 
-def _native(query: torch.Tensor, kv_cache: torch.Tensor) -> Any | None:
-    """Our C++ kernels, where they run this decode step (the cache's dtype is one they read)."""
+def _native_decode(
+    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+) -> Any | None:
+    """Our C++ kernels, where they run this step: a decode step without padding rows, over a
+    cache of a dtype they read."""
+    if not metadata.is_decode or query.shape[0] != metadata.num_seqs:
+        return None
     if kv_cache.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return None
     return cpu_ops(query)

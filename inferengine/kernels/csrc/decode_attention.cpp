@@ -65,7 +65,7 @@ void rotate(const T* x, const float* cos_sin, int64_t rotary_dim, int64_t head_d
 }
 
 struct Shape {
-  int64_t batch, num_heads, num_kv_heads, head_dim, block_size, max_blocks, rotary_dim;
+  int64_t batch, num_heads, num_kv_heads, head_dim, block_size, rotary_dim;
   int64_t q_stride, k_stride, v_stride;  // between sequences' rows of q, k, v
   int64_t table_stride;                  // between sequences' rows of the block table
 };
@@ -290,7 +290,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
               "the KV cache must be a contiguous [2, blocks, block_size, Hkv, D] tensor");
   const Shape s{q.size(0), q.size(1), kv_cache.size(3), kv_cache.size(4), kv_cache.size(2),
-                block_table.size(1), cos_sin ? cos_sin->size(1) : 0,
+                cos_sin ? cos_sin->size(1) : 0,
                 q.stride(0), k.stride(0), v.stride(0), block_table.stride(0)};
   TORCH_CHECK(q.size(2) == s.head_dim && k.size(1) == s.num_kv_heads &&
                   s.num_heads % s.num_kv_heads == 0 && k.size(0) >= s.batch,

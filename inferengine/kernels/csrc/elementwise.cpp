@@ -82,19 +82,15 @@ at::Tensor rms_norm(at::Tensor x, const c10::optional<at::Tensor>& residual,
               "x must be contiguous with the weight's size as its last dimension");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "x must be float32 or bfloat16");
-  TORCH_CHECK(weight.scalar_type() == x.scalar_type() || weight.scalar_type() == at::kFloat,
-              "the weight must be float32 or x's dtype");
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "the weight must be in x's dtype");
   if (residual) {
     TORCH_CHECK(residual->is_contiguous() && residual->sizes() == x.sizes() &&
                     residual->scalar_type() == x.scalar_type(),
                 "the residual must match x");
   }
   at::Tensor out = residual ? x : at::empty(x.sizes(), x.options());
-  const bool wf = weight.scalar_type() == at::kFloat;
   if (x.scalar_type() == at::kFloat) {
     run_norm<float, float>(x, residual, weight, eps, out);
-  } else if (wf) {
-    run_norm<c10::BFloat16, float>(x, residual, weight, eps, out);
   } else {
     run_norm<c10::BFloat16, c10::BFloat16>(x, residual, weight, eps, out);
   }

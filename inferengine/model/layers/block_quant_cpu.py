@@ -3,10 +3,10 @@
 A weight is kept as its GGUF blocks of 32 input features: "q4" (4-bit values u with a scale
 and an offset per block, w = scale · u + offset: GGUF's Q4_0, Q4_1, Q4_K exactly) or "q8"
 (int8 values q with a scale per block, w = scale · q: Q8_0 and Q5_0 exactly). The kernels
-(`kernels/cpu_native.py`, `kernels/csrc/qgemm.cpp`) quantize the activations to int8 in the
-same blocks and multiply with integer dot products, as llama.cpp does: a decode step reads
-the weights' 4.5 to 8.5 bits each instead of 16 or 32, and that rounding of the activations
-is the one numeric difference from the dequantized model.
+(`kernels/cpu_native.py`, `kernels/csrc/qgemm.cpp`) quantize the activations in the same
+blocks into two int8 terms (about 15 bits) and multiply with integer dot products: a decode
+step reads the weights' 4.5 to 8.5 bits each instead of 16 or 32, and that rounding of the
+activations is the one numeric difference from the dequantized model.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ class RMSNorm(nn.Module):
                 return rms_norm(x, self.weight, self.eps)
             return fused_add_rms_norm(x, residual, self.weight, self.eps)
         ops = cpu_ops(x)
-        if ops is not None and x.is_contiguous() and self.weight.dtype in (x.dtype, torch.float32):
+        if ops is not None and x.is_contiguous() and self.weight.dtype == x.dtype:
             # One C++ op for the add and the norm, in place like the CUDA kernel.
             if residual is None:
                 return ops.rms_norm(x, None, self.weight, self.eps)
