@@ -54,6 +54,12 @@ FMA_TILES = [(8, 512, 4), (16, 256, 4), (4, 1024, 4)]  # at M <= 4, rows shrink 
 # FP8 rows are half the bytes: longer K blocks and more warps per tile as well (the first FP8
 # sweep found qkv and o at one row under 2 TB/s with the tiles above).
 FP8_FMA_TILES = [(8, 1024, 4), (16, 512, 4), (4, 2048, 4), (8, 512, 8), (16, 1024, 8)]
+# FP8 tiles loading W 8 bytes at a time (vec_k=8), x alike: BLOCK_K = 8 x 32 lanes x warps keeps
+# each warp on its own K range, so a thread's x serves all its rows with no reshuffle.
+FP8_VEC8_TILES = [(2, 1024, 4), (4, 1024, 4), (8, 1024, 4), (16, 1024, 4), (4, 512, 2),
+                  (8, 512, 2), (16, 512, 2), (2, 2048, 8), (4, 2048, 8), (8, 2048, 8)]  # fmt: skip
+METHODS = ("dot", "tma", "fma")
+W_AHEAD = (True,)  # FMA: first W tile read before the PDL wait (False was slower everywhere)
 
 
 @dataclass
@@ -196,16 +202,23 @@ def precompile(points: list[tuple[str, int, sg.SkinnyConfig, bool]]) -> None:
           f"processes ({failures} failed)", flush=True)  # fmt: skip
 
 
-def tile_candidates(m: int, n: int, k: int, sms: int, fp8: bool = False) -> list[sg.SkinnyConfig]:
-    """Stage one: each tile with the split that fills one wave of programs."""
+def tile_candidates(
+    m: int, n: int, k: int, sms: int, fp8: bool = False, methods: tuple[str, ...] = METHODS
+) -> list[sg.SkinnyConfig]:
+    """Stage one: each tile with the split that fills one wave of programs; FMA tiles also
+    with one and two tiles loaded ahead."""
     out = []
     for method in ("dot", "tma"):
-        for bn, bk, warps, stages in MMA_TILES:
-            out.append(sg.SkinnyConfig(bn, bk, 1, warps, stages, method))
-    if m <= 4:
+        if method in methods:
+            out += [sg.SkinnyConfig(bn, bk, 1, w, st, method) for bn, bk, w, st in MMA_TILES]
+    if m <= 4 and "fma" in methods:
         pad = sg.m_pad(m, "fma")
         tiles = FMA_TILES + (FP8_FMA_TILES if fp8 else [])
-        out += [sg.SkinnyConfig(max(1, bn // pad), bk, 1, w, 1, "fma") for bn, bk, w in tiles]
+        out += [sg.SkinnyConfig(max(1, bn // pad), bk, 1, w, 1, "fma", w_ahead=a)
+                for bn, bk, w in tiles for a in W_AHEAD]  # fmt: skip
+        if fp8:
+            out += [sg.SkinnyConfig(max(1, bn // pad), bk, 1, w, 1, "fma", w_ahead=a, vec_k=8)
+                    for bn, bk, w in FP8_VEC8_TILES for a in W_AHEAD]  # fmt: skip
     w_bytes = 1 if fp8 else 2
     return [replace(c, split_k=sg.wave_split(c, m, n, k, sms, w_bytes)) for c in out]
 
@@ -223,7 +236,9 @@ def split_candidates(best: sg.SkinnyConfig, n: int, k: int, sms: int) -> list[sg
     return out
 
 
-def sweep_point(problem: Problem, x: torch.Tensor, sms: int, repeats: int) -> dict:
+def sweep_point(
+    problem: Problem, x: torch.Tensor, sms: int, repeats: int, methods: tuple[str, ...] = METHODS
+) -> dict:
     """Tiles at their heuristic split, then the best tile at other splits; the three fastest
     are timed again at triple repeats before one is picked; then what the other split-K
     reductions would cost."""
@@ -237,7 +252,8 @@ def sweep_point(problem: Problem, x: torch.Tensor, sms: int, repeats: int) -> di
         timed = [r for r in rows if "ours_us" in r and r["config"]["reduce"] == "serial"]
         return min(timed, key=lambda r: r["ours_us"], default=None)
 
-    for cfg in tile_candidates(x.shape[0], problem.n, problem.k, sms, problem.scale is not None):
+    fp8 = problem.scale is not None
+    for cfg in tile_candidates(x.shape[0], problem.n, problem.k, sms, fp8, methods):
         run(cfg)
     if (best := fastest()) is None:
         return {"candidates": rows}
@@ -258,7 +274,7 @@ def sweep_point(problem: Problem, x: torch.Tensor, sms: int, repeats: int) -> di
 
 def sweep(args, names: list[str], ms: list[int], sms: int, started: float) -> dict:
     plan = [(name, m, cfg, args.fp8) for name in names for m in ms
-            for cfg in tile_candidates(m, *SHAPES[name][:2], sms, args.fp8)]  # fmt: skip
+            for cfg in tile_candidates(m, *SHAPES[name][:2], sms, args.fp8, args.methods)]  # fmt: skip
     plan += [(name, m, replace(cfg, split_k=s), fp8) for name, m, cfg, fp8 in plan
              for s in (1, 2)]  # fmt: skip
     precompile(plan)
@@ -272,7 +288,7 @@ def sweep(args, names: list[str], ms: list[int], sms: int, started: float) -> di
             x = torch.randn(m, problem.k, device=DEVICE, dtype=DTYPE)
             point = {"name": name, "m": m}
             attempt(point, "cublas", cublas(problem, x), problem, args.repeats)
-            point.update(sweep_point(problem, x, sms, args.repeats))
+            point.update(sweep_point(problem, x, sms, args.repeats, args.methods))
             results[f"{name} m={m}"] = point
             if "best" in point:
                 best = point["best"]
@@ -293,9 +309,11 @@ def table_entries(results: dict, fp8: bool = False) -> str:
             continue
         n, k, _ = SHAPES[point["name"]]
         c = point["best"]["config"]
+        extra = "" if c.get("w_ahead", True) else ", w_ahead=False"
+        extra += f", vec_k={c['vec_k']}" if c.get("vec_k") else ""
         lines.append(
             f"    ({n}, {k}, {point['m']}): SkinnyConfig({c['block_n']}, {c['block_k']}, "
-            f'{c["split_k"]}, {c["num_warps"]}, {c["num_stages"]}, "{c["method"]}"),'
+            f'{c["split_k"]}, {c["num_warps"]}, {c["num_stages"]}, "{c["method"]}"{extra}),'
             f"  # {point['name']} {point['best']['ours_TBps']:.2f} TB/s"
         )
     return "\n".join([*lines, "}"])
@@ -364,6 +382,9 @@ def main() -> int:
     parser.add_argument("--m", help="comma-separated M values")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
+        "--methods", default=",".join(METHODS), help="sweep: comma-separated methods to try"
+    )
+    parser.add_argument(
         "--budget-s", type=float, default=210.0, help="sweep: stop new shapes after"
     )
     parser.add_argument("--out-dir", help="parent folder of the result folder (e.g. $OUT)")
@@ -372,6 +393,7 @@ def main() -> int:
         print("needs a CUDA device", file=sys.stderr)
         return 2
     names = select(args.shapes, list(SHAPES))
+    args.methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     default_ms = SWEEP_M if args.sweep else M_VALUES
     ms = [int(v) for v in args.m.split(",")] if args.m else list(default_ms)
     torch.manual_seed(0)

@@ -37,6 +37,11 @@ class SkinnyConfig:
     # "fma": pointer loads + fp32 multiply-adds on the CUDA cores (for M <= 4 or so)
     method: str = "dot"
     reduce: str = "serial"  # how K-split partials combine: "serial", "kernel" or "atomic"
+    # "fma" only: read the first W tile before waiting on the kernel before (PDL)
+    w_ahead: bool = True
+    # "fma" only: K elements per load of W (0: 16 bytes). FP8 W at 8 loads x and W alike, 8
+    # elements a thread: at 16, x (twice W's bytes) is spread thinner and reshuffled each step.
+    vec_k: int = 0
 
 
 # The decode linears the configs are tuned for: name -> (N, K, has bias), Qwen2.5-7B and
@@ -118,7 +123,7 @@ FP8_CONFIGS: dict[tuple[int, int, int], SkinnyConfig] = {
     (3584, 3584, 8): SkinnyConfig(64, 128, 7, 4, 6, "tma"),  # qwen-o 1.23 TB/s
     (3584, 3584, 16): SkinnyConfig(64, 128, 7, 4, 6, "tma"),  # qwen-o 1.22 TB/s
     (3584, 3584, 32): SkinnyConfig(64, 128, 7, 4, 4, "tma"),  # qwen-o 1.10 TB/s
-    (37888, 3584, 1): SkinnyConfig(16, 256, 1, 4, 1, "fma"),  # qwen-gate-up 2.77 TB/s
+    (37888, 3584, 1): SkinnyConfig(4, 512, 1, 2, 1, "fma", vec_k=8),  # qwen-gate-up 2.90 TB/s
     (37888, 3584, 2): SkinnyConfig(64, 256, 1, 4, 3, "tma"),  # qwen-gate-up 2.39 TB/s
     (37888, 3584, 4): SkinnyConfig(64, 256, 1, 4, 3, "tma"),  # qwen-gate-up 2.40 TB/s
     (37888, 3584, 8): SkinnyConfig(64, 256, 1, 4, 3, "tma"),  # qwen-gate-up 2.42 TB/s
@@ -220,7 +225,9 @@ def skinny_linear(
     """x [..., K] @ weight[N, K]ᵀ (+ bias [N]) -> [..., N] in x's dtype, as F.linear, fp32
     accumulation; at most 32 rows of x. `out` may be given (rows may be strided, last dim
     dense); `config` overrides the table (benchmarks and tests). An FP8 `weight` needs
-    `weight_scale` (float32 [N]): y = x @ (weight * weight_scale[:, None])ᵀ."""
+    `weight_scale` (float32 [N]): y = x @ (weight * weight_scale[:, None])ᵀ. With PDL, FMA
+    configs read W's first tile before the kernel launched just before this one has finished,
+    so W must not be that kernel's output (a weight never is)."""
     from inferengine.kernels.skinny_gemm_kernels import skinny_gemm_kernel, skinny_reduce_kernel
 
     n, k = weight.shape
@@ -275,6 +282,7 @@ def skinny_linear(
         counters, m, n, k, k_per_split, x2.stride(0), weight.stride(0), out2.stride(0),
         M_PAD=pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, METHOD=METHODS[method],
         EVEN_K=k % cfg.block_k == 0, HAS_SCALE=fp8, HAS_BIAS=bias is not None, REDUCE=mode,
+        W_AHEAD=method == "fma" and cfg.w_ahead, VEC_K=cfg.vec_k or 16 // weight.element_size(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x),
     )  # fmt: skip
     if mode in (REDUCE_MODES["kernel"], REDUCE_MODES["atomic"]):

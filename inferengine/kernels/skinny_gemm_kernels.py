@@ -56,29 +56,56 @@ def _dot_steps(
 
 
 @triton.jit
+def _fma_w(w_ptrs, k, offs_k, K, EVEN_K: tl.constexpr):
+    """The W tile [BLOCK_N, 1, BLOCK_K] at K offset k (where w_ptrs point)."""
+    if EVEN_K:
+        return tl.load(w_ptrs, eviction_policy="evict_first")
+    in_k = (k + offs_k)[None, None, :] < K
+    return tl.load(w_ptrs, mask=in_k, other=0.0, eviction_policy="evict_first")
+
+
+@triton.jit
+def _fma_x(x_ptrs, k, offs_k, in_m, K, EVEN_K: tl.constexpr):
+    """The x tile at K offset k as [1, M_PAD, BLOCK_K], fp32 (where x_ptrs point)."""
+    if EVEN_K:
+        x = tl.load(x_ptrs, mask=in_m, other=0.0)
+    else:
+        x = tl.load(x_ptrs, mask=in_m & ((k + offs_k)[None, :] < K), other=0.0)
+    return x[None, :, :].to(tl.float32)
+
+
+@triton.jit
 def _fma_steps(
     w_ptr, x_ptr, w_rows, offs_m, k_start, k_end, M, K, stride_wn, stride_xm,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    VEC_K: tl.constexpr, W_AHEAD: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
     """fp32 multiply-adds into a [BLOCK_N, M_PAD, BLOCK_K] accumulator (no reduction inside
     the loop), summed over K at the end. W loads as [BLOCK_N, 1, BLOCK_K] and x as
     [M_PAD, BLOCK_K]: the compiler then keeps W in its coalesced load layout (each thread holds
     all M_PAD columns of its W elements) and rearranges only the small x tile. Costs M_PAD
-    accumulator registers per W element held: for M <= 4 or so."""
-    offs_k = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
+    accumulator registers per W element held: for M <= 4 or so. W is read VEC_K elements at
+    a time.
+
+    With W_AHEAD the first W tile is read before waiting on the previous kernel (PDL): W is a
+    weight, not that kernel's output, so its first bytes stream in while that kernel drains,
+    or while a short kernel before this one (a norm) still runs; x is read after the wait."""
+    offs_k = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_K), BLOCK_K), VEC_K)
     w_ptrs = w_ptr + w_rows[:, None, None] * stride_wn + (k_start + offs_k)[None, None, :]
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_start + offs_k)[None, :]
     in_m = offs_m[:, None] < M
     acc = tl.zeros((BLOCK_N, M_PAD, BLOCK_K), dtype=tl.float32)
-    for k in range(k_start, k_end, BLOCK_K):
-        if EVEN_K:
-            w = tl.load(w_ptrs, eviction_policy="evict_first")
-            x = tl.load(x_ptrs, mask=in_m, other=0.0)
-        else:
-            in_k = (k + offs_k)[None, :] < K
-            w = tl.load(w_ptrs, mask=in_k[None, :, :], other=0.0, eviction_policy="evict_first")
-            x = tl.load(x_ptrs, mask=in_m & in_k, other=0.0)
-        acc += w.to(tl.float32) * x[None, :, :].to(tl.float32)
+    k_loop = k_start
+    if W_AHEAD:
+        w = _fma_w(w_ptrs, k_start, offs_k, K, EVEN_K)
+        pdl_enter(USE_PDL)
+        acc += w.to(tl.float32) * _fma_x(x_ptrs, k_start, offs_k, in_m, K, EVEN_K)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+        k_loop += BLOCK_K
+    for k in range(k_loop, k_end, BLOCK_K):
+        w = _fma_w(w_ptrs, k, offs_k, K, EVEN_K)
+        acc += w.to(tl.float32) * _fma_x(x_ptrs, k, offs_k, in_m, K, EVEN_K)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     return tl.sum(acc, axis=2)
@@ -122,6 +149,8 @@ def skinny_gemm_kernel(
     HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     REDUCE: tl.constexpr,
+    VEC_K: tl.constexpr,
+    W_AHEAD: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Grid (N tiles, K splits). Streams W[BLOCK_N rows, one K-split] once, multiplies by all of x.
@@ -132,7 +161,8 @@ def skinny_gemm_kernel(
     partials are always summed in split order, so results do not depend on timing, except
     with ATOMIC. With HAS_SCALE, W is FP8 and row n of the product is scaled by scale[n].
     """
-    pdl_enter(USE_PDL)
+    if METHOD != FMA or W_AHEAD == 0:
+        pdl_enter(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -150,7 +180,7 @@ def skinny_gemm_kernel(
     else:
         acc = _fma_steps(
             w_in, x_in, w_rows, offs_m, k_start, k_end, M, K, stride_wn, stride_xm,
-            M_PAD, BLOCK_N, BLOCK_K, EVEN_K,
+            M_PAD, BLOCK_N, BLOCK_K, EVEN_K, VEC_K, W_AHEAD, USE_PDL,
         )  # fmt: skip
     if HAS_SCALE:
         acc = acc * tl.load(scale_ptr + w_rows)[:, None]

@@ -138,12 +138,15 @@ def test_w8a16_skinny_matches_reference(gen, device, method, m, bias):
     [
         SkinnyConfig(4, 2048, 1, num_warps=4, method="fma"),
         SkinnyConfig(8, 1024, 2, num_warps=8, method="fma"),
+        SkinnyConfig(4, 512, 3, num_warps=2, method="fma", vec_k=8),
+        SkinnyConfig(4, 512, 3, num_warps=2, method="fma", w_ahead=False),
     ],
 )
 @pytest.mark.parametrize("m", [1, 3])
 def test_w8a16_fma_long_k_tiles(gen, device, config, m):
     """The FP8 sweep's longer FMA tiles (benchmarks/skinny_gemm.py FP8_FMA_TILES): a K block
-    longer than K's ragged tail, and a split."""
+    longer than K's ragged tail, and a split; W read 8 K at a time (vec_k=8), and with every
+    tile read after the PDL wait (w_ahead off)."""
     x, w, scale, b = make_fp8(gen, m, 20, 4100, bias=True, device=device)
     out = skinny_linear(x, w, b, config=config, weight_scale=scale)
     torch.testing.assert_close(out.float(), expected(x, w, scale, b), **TOL)

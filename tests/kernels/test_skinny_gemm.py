@@ -56,6 +56,18 @@ def test_fma_split_k_ragged(gen, device, m, bias):
     torch.testing.assert_close(out.float(), expected(x, w, b), **TOL[x.dtype])
 
 
+@pytest.mark.parametrize("w_ahead", [True, False])
+@pytest.mark.parametrize("k", [32, 64, 200])
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_fma_first_tile_read_ahead(gen, device, w_ahead, k, split_k):
+    """The FMA program's first W tile, read before the PDL wait and used outside the loop:
+    splits of one tile, of several, and a ragged last one."""
+    x, w, b = make(gen, 2, 37, k, bias=True, device=device)
+    cfg = SkinnyConfig(8, 32, split_k=split_k, method="fma", w_ahead=w_ahead)
+    out = run_poisoned(x, w, b, cfg)
+    torch.testing.assert_close(out.float(), expected(x, w, b), **TOL[x.dtype])
+
+
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_no_split_even_k(gen, device, method, dtype):
@@ -116,11 +128,12 @@ def test_configs_are_valid():
     chosen = [sg.default_config(m, n, k, 132) for m in range(1, 33) for n, k in shapes]
     for n, k, bucket in sg.CONFIGS:
         assert bucket == sg.m_bucket(bucket) <= sg.MAX_M and n > 0 and k > 0
-    for cfg in [*chosen, *sg.CONFIGS.values()]:
+    for cfg in [*chosen, *sg.CONFIGS.values(), *sg.FP8_CONFIGS.values()]:
         for size in (cfg.block_n, cfg.block_k, cfg.num_warps):
             assert size & (size - 1) == 0
         assert cfg.reduce in sg.REDUCE_MODES and cfg.method in sg.METHODS and cfg.split_k >= 1
         assert cfg.method == "fma" or min(cfg.block_n, cfg.block_k) >= 16
+        assert cfg.vec_k in (0, 8, 16) and (cfg.vec_k == 0 or cfg.method == "fma")
     assert sg.m_bucket(24) == 32 and sg.m_pad(3, "dot") == 16 and sg.m_pad(3, "fma") == 4
 
 
