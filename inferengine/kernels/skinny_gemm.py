@@ -109,15 +109,17 @@ CONFIGS: dict[tuple[int, int, int], SkinnyConfig] = {
 # The same for FP8 weights (W8A16), keyed alike: the Qwen2.5-7B linears from an H100 80GB HBM3
 # sweep (`benchmarks/skinny_gemm.py --sweep --fp8`, 20261125T025200Z-skinny-gemm, which also
 # tries FP8's longer-K and 8-warp FMA tiles; where it picked another config than the sweep
-# before it within ~3%, that is run-to-run noise); other shapes get `default_config`.
+# before it within ~3%, that is run-to-run noise); the one-row entries (and their TB/s) from
+# the FMA sweep with the first W tile read ahead, 20261127T132350Z-skinny-gemm; other shapes
+# get `default_config`.
 FP8_CONFIGS: dict[tuple[int, int, int], SkinnyConfig] = {
-    (4608, 3584, 1): SkinnyConfig(8, 512, 1, 8, 1, "fma"),  # qwen-qkv 2.11 TB/s
+    (4608, 3584, 1): SkinnyConfig(8, 512, 1, 8, 1, "fma"),  # qwen-qkv 2.24 TB/s
     (4608, 3584, 2): SkinnyConfig(4, 512, 1, 8, 1, "fma"),  # qwen-qkv 1.48 TB/s
     (4608, 3584, 4): SkinnyConfig(128, 128, 7, 4, 3, "tma"),  # qwen-qkv 1.25 TB/s
     (4608, 3584, 8): SkinnyConfig(64, 128, 5, 4, 6, "tma"),  # qwen-qkv 1.26 TB/s
     (4608, 3584, 16): SkinnyConfig(64, 128, 5, 4, 6, "tma"),  # qwen-qkv 1.25 TB/s
     (4608, 3584, 32): SkinnyConfig(64, 128, 5, 4, 4, "tma"),  # qwen-qkv 1.20 TB/s
-    (3584, 3584, 1): SkinnyConfig(4, 1024, 1, 4, 1, "fma"),  # qwen-o 1.97 TB/s
+    (3584, 3584, 1): SkinnyConfig(4, 1024, 1, 4, 1, "fma"),  # qwen-o 2.15 TB/s
     (3584, 3584, 2): SkinnyConfig(4, 512, 1, 4, 1, "fma"),  # qwen-o 1.76 TB/s
     (3584, 3584, 4): SkinnyConfig(64, 128, 7, 4, 6, "tma"),  # qwen-o 1.23 TB/s
     (3584, 3584, 8): SkinnyConfig(64, 128, 7, 4, 6, "tma"),  # qwen-o 1.23 TB/s
@@ -129,7 +131,7 @@ FP8_CONFIGS: dict[tuple[int, int, int], SkinnyConfig] = {
     (37888, 3584, 8): SkinnyConfig(64, 256, 1, 4, 3, "tma"),  # qwen-gate-up 2.42 TB/s
     (37888, 3584, 16): SkinnyConfig(64, 256, 1, 4, 3, "tma"),  # qwen-gate-up 2.41 TB/s
     (37888, 3584, 32): SkinnyConfig(64, 128, 1, 4, 4, "tma"),  # qwen-gate-up 2.27 TB/s
-    (3584, 18944, 1): SkinnyConfig(4, 1024, 1, 4, 1, "fma"),  # qwen-down 2.66 TB/s
+    (3584, 18944, 1): SkinnyConfig(4, 1024, 1, 4, 1, "fma"),  # qwen-down 2.74 TB/s
     (3584, 18944, 2): SkinnyConfig(4, 512, 1, 4, 1, "fma"),  # qwen-down 2.22 TB/s
     (3584, 18944, 4): SkinnyConfig(64, 256, 7, 4, 3, "tma"),  # qwen-down 2.11 TB/s
     (3584, 18944, 8): SkinnyConfig(64, 256, 7, 4, 3, "tma"),  # qwen-down 2.10 TB/s
