@@ -59,7 +59,6 @@ FP8_FMA_TILES = [(8, 1024, 4), (16, 512, 4), (4, 2048, 4), (8, 512, 8), (16, 102
 FP8_VEC8_TILES = [(2, 1024, 4), (4, 1024, 4), (8, 1024, 4), (16, 1024, 4), (4, 512, 2),
                   (8, 512, 2), (16, 512, 2), (2, 2048, 8), (4, 2048, 8), (8, 2048, 8)]  # fmt: skip
 METHODS = ("dot", "tma", "fma")
-W_AHEAD = (True,)  # FMA: first W tile read before the PDL wait (False was slower everywhere)
 
 
 @dataclass
@@ -205,8 +204,9 @@ def precompile(points: list[tuple[str, int, sg.SkinnyConfig, bool]]) -> None:
 def tile_candidates(
     m: int, n: int, k: int, sms: int, fp8: bool = False, methods: tuple[str, ...] = METHODS
 ) -> list[sg.SkinnyConfig]:
-    """Stage one: each tile with the split that fills one wave of programs; FMA tiles also
-    with one and two tiles loaded ahead."""
+    """Stage one: each tile of `methods` with the split that fills one wave of programs (FMA
+    tiles read their first W tile ahead of the PDL wait, as the table's do: without it every
+    one-row shape was slower, and so was the decode step, 20261127T133403Z-decode-step-variants)."""
     out = []
     for method in ("dot", "tma"):
         if method in methods:
@@ -214,11 +214,10 @@ def tile_candidates(
     if m <= 4 and "fma" in methods:
         pad = sg.m_pad(m, "fma")
         tiles = FMA_TILES + (FP8_FMA_TILES if fp8 else [])
-        out += [sg.SkinnyConfig(max(1, bn // pad), bk, 1, w, 1, "fma", w_ahead=a)
-                for bn, bk, w in tiles for a in W_AHEAD]  # fmt: skip
+        out += [sg.SkinnyConfig(max(1, bn // pad), bk, 1, w, 1, "fma") for bn, bk, w in tiles]
         if fp8:
-            out += [sg.SkinnyConfig(max(1, bn // pad), bk, 1, w, 1, "fma", w_ahead=a, vec_k=8)
-                    for bn, bk, w in FP8_VEC8_TILES for a in W_AHEAD]  # fmt: skip
+            out += [sg.SkinnyConfig(max(1, bn // pad), bk, 1, w, 1, "fma", vec_k=8)
+                    for bn, bk, w in FP8_VEC8_TILES]  # fmt: skip
     w_bytes = 1 if fp8 else 2
     return [replace(c, split_k=sg.wave_split(c, m, n, k, sms, w_bytes)) for c in out]
 
@@ -274,7 +273,8 @@ def sweep_point(
 
 def sweep(args, names: list[str], ms: list[int], sms: int, started: float) -> dict:
     plan = [(name, m, cfg, args.fp8) for name in names for m in ms
-            for cfg in tile_candidates(m, *SHAPES[name][:2], sms, args.fp8, args.methods)]  # fmt: skip
+            for cfg in tile_candidates(m, *SHAPES[name][:2], sms, args.fp8, args.methods)
+            ]  # fmt: skip
     plan += [(name, m, replace(cfg, split_k=s), fp8) for name, m, cfg, fp8 in plan
              for s in (1, 2)]  # fmt: skip
     precompile(plan)
