@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from inferengine.core.request import Request
+from typing import Protocol
 
 BlockHash = bytes
 ROOT_HASH: BlockHash = b"inferengine-root"
@@ -49,13 +46,21 @@ def hash_prompt_blocks(
     return hashes
 
 
+class HashedTokens(Protocol):
+    """What `BlockHasher` reads and extends: a `core/request.Request`."""
+
+    block_hashes: list[BlockHash]
+    all_token_ids: list[int]
+    cache_salt: str | None
+
+
 class BlockHasher:
     """Extends a request's `block_hashes` with every block that has become full."""
 
     def __init__(self, block_size: int):
         self.block_size = block_size
 
-    def extend(self, request: Request) -> None:
+    def extend(self, request: HashedTokens) -> None:
         hashes = request.block_hashes
         tokens = request.all_token_ids
         start = len(hashes) * self.block_size
