@@ -107,17 +107,6 @@ class AsyncLLM:
         self._handler: asyncio.Task | None = None
         self._ids = itertools.count()
 
-    @classmethod
-    def from_config(
-        cls, config: EngineConfig, stat_loggers: list[StatLogger] | None = None
-    ) -> AsyncLLM:
-        """The server's engine: one engine core, or data-parallel replicas (`inferengine/dp/`)."""
-        if config.parallel_config.data_parallel_size > 1:
-            from inferengine.dp.llm import DataParallelLLM
-
-            return DataParallelLLM(config, stat_loggers)
-        return cls(config, stat_loggers)
-
     def _make_client(self, config: EngineConfig) -> Any:
         """The engine-core client: one process here; `DataParallelLLM` gives its replicas'."""
         return AsyncMPClient(config)

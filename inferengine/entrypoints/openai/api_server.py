@@ -47,6 +47,7 @@ from inferengine.entrypoints.openai.serving_tokens import ServingTokens
 from inferengine.errors import EngineDeadError
 from inferengine.logger import init_logger
 from inferengine.metrics.prometheus import PrometheusStatLogger
+from inferengine.metrics.stats import StatLogger
 
 logger = init_logger(__name__)
 
@@ -55,6 +56,15 @@ CUT_OFF_WAIT_S = 1.0  # after a drain's cut-off, how long its requests get to se
 # uvicorn's own grace when it stops: our drain has already ended every API request, so it only
 # closes idle connections (a short /health or /metrics call may still be running).
 UVICORN_GRACE_S = 1
+
+
+def make_engine(config: EngineConfig, stat_loggers: list[StatLogger]) -> AsyncLLM:
+    """The server's engine: one engine core, or data-parallel replicas (`inferengine/dp/`)."""
+    if config.parallel_config.data_parallel_size > 1:
+        from inferengine.dp.llm import DataParallelLLM  # Ray, only for data parallelism
+
+        return DataParallelLLM(config, stat_loggers)
+    return AsyncLLM(config, stat_loggers)
 
 
 @dataclass(frozen=True)
@@ -95,9 +105,7 @@ class ServerState:
 
     async def start_engine(self) -> None:
         try:
-            engine = await asyncio.to_thread(
-                AsyncLLM.from_config, self.engine_config, [self.metrics]
-            )
+            engine = await asyncio.to_thread(make_engine, self.engine_config, [self.metrics])
             self.engine = engine
             await engine.start()
         except asyncio.CancelledError:
