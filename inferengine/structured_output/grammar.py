@@ -15,7 +15,11 @@ from functools import lru_cache
 from typing import Any
 
 from inferengine.errors import InvalidRequestError
+from inferengine.logger import init_logger
 from inferengine.structured_output.params import StructuredOutputsParams
+from inferengine.structured_output.token_bytes import tokenizer_from_bytes
+
+logger = init_logger(__name__)
 
 
 def grammar_text(params: StructuredOutputsParams) -> str:
@@ -86,8 +90,17 @@ def mask_width(hf_tokenizer: Any, vocab_size: int) -> int:
 
 def make_tokenizer(hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int]):
     """llguidance's view of the tokenizer, over `mask_width` ids; every id that ends a request
-    counts as its end of text."""
+    counts as its end of text. A tokenizer llguidance's importer cannot read (a decoder it does
+    not know, a slow tokenizer) gets a token table from its own decoded bytes instead."""
     import llguidance.hf
 
     n_vocab = mask_width(hf_tokenizer, vocab_size)
-    return llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=n_vocab, eos_token=eos_token_ids)
+    try:
+        return llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=n_vocab, eos_token=eos_token_ids)
+    except Exception as e:  # the importer's refusal is a ValueError or a Rust error
+        logger.info(
+            "llguidance's tokenizer importer refused this tokenizer (%s); structured output "
+            "uses a token table built from the tokenizer's decoded bytes",
+            str(e).strip(),
+        )
+        return tokenizer_from_bytes(hf_tokenizer, n_vocab, eos_token_ids)

@@ -199,3 +199,25 @@ def test_a_reasoning_models_grammar_starts_after_its_end_token(llm):
     closed = {"prompt_token_ids": [3, 9, end, 5]}  # start ... end: reasoning already over
     (out,) = llm.generate([closed], params, use_tqdm=False)
     assert re.fullmatch(r"[0-9]{4}", out.outputs[0].text)
+
+
+def test_a_tokenizer_llguidance_cannot_import_still_gets_its_grammar(tiny_checkpoint, tmp_path):
+    """A checkpoint whose tokenizer has a bare `Fuse` decoder (llguidance's importer refuses
+    it): JSON-schema requests still build and every finished output validates."""
+    import shutil
+
+    from tests.structured_output.test_token_bytes import fuse_tokenizer
+
+    path = tmp_path / "fuse"
+    shutil.copytree(tiny_checkpoint("qwen3"), path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (path / name).unlink(missing_ok=True)
+    fuse_tokenizer().save_pretrained(path)
+    llm = LLM(str(path), max_model_len=512)
+    outputs = _texts(llm, StructuredOutputsParams(json=SCHEMA), n=30)
+    finished = [text for text, reason in outputs if reason == "stop"]
+    assert len(finished) >= 25
+    for text in finished:
+        jsonschema.validate(json.loads(text), SCHEMA)
+    for text, reason in _texts(llm, StructuredOutputsParams(regex=r"[a-z]{3}-[0-9]{2}"), n=10):
+        assert reason == "stop" and re.fullmatch(r"[a-z]{3}-[0-9]{2}", text)
