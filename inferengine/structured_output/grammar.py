@@ -16,7 +16,7 @@ from typing import Any
 
 from inferengine.errors import InvalidRequestError
 from inferengine.logger import init_logger
-from inferengine.structured_output.params import StructuredOutputsParams
+from inferengine.sampling_params import StructuredOutputsParams
 from inferengine.structured_output.token_bytes import tokenizer_from_bytes
 
 logger = init_logger(__name__)

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from inferengine.core.request import Request
-from inferengine.sampling_params import SamplingParams
+from inferengine.sampling_params import SamplingParams, StructuredOutputsParams
 from inferengine.structured_output.manager import StructuredOutputManager
-from inferengine.structured_output.params import StructuredOutputsParams
 from tests.conftest import EOS_ID, VOCAB_SIZE
 
 REGEX = r"[0-9]{3}-[a-z]{2}"

@@ -13,7 +13,7 @@ import pytest
 
 from inferengine import LLM, SamplingParams
 from inferengine.errors import InvalidRequestError
-from inferengine.structured_output.params import StructuredOutputsParams
+from inferengine.sampling_params import StructuredOutputsParams
 
 SCHEMA = {
     "type": "object",

@@ -13,7 +13,7 @@ import torch
 from test_structured_engine import SCHEMA
 
 from inferengine import LLM, SamplingParams
-from inferengine.structured_output.params import StructuredOutputsParams
+from inferengine.sampling_params import StructuredOutputsParams
 
 pytestmark = [
     pytest.mark.gpu,

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from inferengine.errors import InvalidRequestError
+from inferengine.sampling_params import StructuredOutputsParams
 from inferengine.structured_output.grammar import check_grammar
-from inferengine.structured_output.params import StructuredOutputsParams
 
 # vLLM's older request fields, each one kind of `StructuredOutputsParams`.
 GUIDED_FIELDS = {

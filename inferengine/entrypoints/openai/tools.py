@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferengine.errors import InvalidRequestError
+from inferengine.sampling_params import StructuredOutputsParams
 from inferengine.structured_output.grammar import check_grammar, grammar_list
-from inferengine.structured_output.params import StructuredOutputsParams
 
 _CHOICES = ("none", "auto", "required")
 _NAMED_SHAPE = '{"type": "function", "function": {"name": "my_function"}}'
