@@ -13,8 +13,7 @@ from inferengine.engine.input_processor import PromptType
 from inferengine.engine.kv_transfer import KVBundle, export_prefix, import_prefix
 from inferengine.engine.llm_engine import LLMEngine
 from inferengine.entrypoints.cache_breakpoints import cache_breakpoints, take_cache_control
-from inferengine.entrypoints.chat_content import text_parts
-from inferengine.entrypoints.openai.tools import template_tool_calls
+from inferengine.entrypoints.chat_messages import template_messages, templated_prompt
 from inferengine.errors import InvalidRequestError
 from inferengine.outputs import RequestOutput
 from inferengine.retention import Retention
@@ -119,8 +118,9 @@ class LLM:
         The session arguments are `generate`'s. A message (or one of its content parts) with
         Anthropic's `"cache_control": {"type": "ephemeral", "ttl": "5m" | "1h"}` leases the
         prompt prefix that ends with it. `tools=[...]` (and other keyword arguments) go to the
-        template; an assistant message's `tool_calls` may carry their arguments as JSON text,
-        as OpenAI's API does: the template gets them as dicts, as in the server and vLLM.
+        template; messages may be shaped as OpenAI's API sends them (null content beside
+        `tool_calls`, whose arguments are JSON text; content as text parts): the template gets
+        them as the server hands them over (`entrypoints/chat_messages.py`), as vLLM does.
         """
         retention = Retention.parse(prompt_cache_key, prompt_cache_retention)
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
@@ -134,10 +134,8 @@ class LLM:
         retentions = []
         for conv in conversations:
             conv, leases = take_cache_control(conv)  # copies: the caller's stay as given
-            for i, message in enumerate(conv):
-                text_parts(message.get("content"))  # images and the like: a clear error
-                template_tool_calls(message, i)
-            prompt = processor.chat_prompt(conv, **kwargs)
+            conv = template_messages(conv)  # images and the like: a clear error
+            prompt = templated_prompt(processor, conv, **kwargs)
             prompts.append(prompt)
             breakpoints = cache_breakpoints(
                 processor, conv, leases, prompt["prompt_token_ids"], kwargs

@@ -17,7 +17,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from inferengine.entrypoints.cache_breakpoints import cache_breakpoints, take_cache_control
-from inferengine.entrypoints.chat_content import text_parts
+from inferengine.entrypoints.chat_messages import template_messages, templated_prompt
 from inferengine.entrypoints.openai.chat_reply import ForcedCalls, ReplyReader
 from inferengine.entrypoints.openai.errors import stream_error_event
 from inferengine.entrypoints.openai.protocol import (
@@ -52,7 +52,7 @@ from inferengine.entrypoints.openai.streaming import (
 )
 from inferengine.entrypoints.openai.structured_outputs import asking_fields
 from inferengine.entrypoints.openai.tool_parsers import TOOL_PARSERS, ToolParser
-from inferengine.entrypoints.openai.tools import ToolRequest, check_tools, template_tool_calls
+from inferengine.entrypoints.openai.tools import ToolRequest, check_tools
 from inferengine.errors import ConfigError, InvalidRequestError
 from inferengine.outputs import CompletionOutput, RequestOutput
 from inferengine.retention import Retention
@@ -60,18 +60,11 @@ from inferengine.sampling_params import RequestOutputKind, SamplingParams
 
 
 def message_dicts(messages: list[ChatMessage]) -> tuple[list[dict[str, Any]], dict[int, float]]:
-    """Messages as the chat template wants them (content parts other than text refused, text
-    parts joined, tool call arguments as dicts), and the lease in seconds of each message marked
-    with `cache_control`."""
+    """Messages as the chat template wants them (`chat_messages.template_messages`: null content
+    "", text parts joined, tool call arguments as dicts), and the lease in seconds of each
+    message marked with `cache_control`."""
     dicts, leases = take_cache_control([m.model_dump(exclude_none=True) for m in messages])
-    out = []
-    for index, item in enumerate(dicts):
-        template_tool_calls(item, index)
-        texts = text_parts(item.get("content"))
-        if texts is not None:
-            item["content"] = "\n".join(texts)
-        out.append(item)
-    return out, leases
+    return template_messages(dicts), leases
 
 
 def chat_template_kwargs(req: Any) -> dict[str, Any]:
@@ -160,7 +153,7 @@ class ServingChat(OpenAIServing):
         ):
             template_kwargs["tools"] = tools.tools
         processor = self.engine.input_processor
-        prompt = processor.chat_prompt(messages, **template_kwargs)
+        prompt = templated_prompt(processor, messages, **template_kwargs)
         if leases:
             breakpoints = cache_breakpoints(
                 processor, messages, leases, prompt["prompt_token_ids"], template_kwargs

@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator
 from fastapi import Request
 from fastapi.responses import Response
 
+from inferengine.entrypoints.chat_messages import templated_prompt
 from inferengine.entrypoints.openai.errors import stream_error_event
 from inferengine.entrypoints.openai.protocol import (
     DetokenizeRequest,
@@ -51,7 +52,7 @@ class ServingTokens(OpenAIServing):
             if req.tools:
                 check_tool_list(req.tools)
                 kwargs["tools"] = req.tools
-            prompt = self.engine.input_processor.chat_prompt(messages, **kwargs)
+            prompt = templated_prompt(self.engine.input_processor, messages, **kwargs)
             ids = prompt["prompt_token_ids"]
         else:
             assert req.prompt is not None

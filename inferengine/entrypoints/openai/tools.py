@@ -252,9 +252,12 @@ def _check_choice(choice: str | dict[str, Any]) -> str | None:
 
 def template_tool_calls(message: dict[str, Any], index: int) -> None:
     """An assistant message's `tool_calls` as chat templates read them (vLLM's rule): each
-    call's `function.arguments` a dict, parsed from the JSON text OpenAI's API sends."""
+    call's `function.arguments` a dict, parsed from the JSON text OpenAI's API sends (null or
+    empty: `{}`). A null or empty list is taken out: templates that ask `'tool_calls' in message`
+    (Llama 3.1's) would render an assistant turn without calls as a call."""
     calls = message.get("tool_calls")
     if calls is None:
+        message.pop("tool_calls", None)
         return
     where = f"messages[{index}].tool_calls"
     if message.get("role") != "assistant":
@@ -263,6 +266,9 @@ def template_tool_calls(message: dict[str, Any], index: int) -> None:
         )
     if not isinstance(calls, list):
         raise InvalidRequestError(f"{where} must be a list.", param=where)
+    if not calls:
+        del message["tool_calls"]
+        return
     prepared = []
     for j, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
