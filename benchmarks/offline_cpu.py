@@ -96,7 +96,7 @@ def main() -> None:
     torch.set_num_threads(torch.get_num_threads())
 
     from inferengine.engine.arg_utils import EngineArgs
-    from inferengine.engine.input_processor import load_tokenizer
+    from inferengine.tokenizer import load_tokenizer
 
     path = EngineArgs(model=args.model).create_engine_config().model_config.model_path
     prompts = build_prompts(load_tokenizer(path), args.num_prompts)

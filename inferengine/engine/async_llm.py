@@ -18,7 +18,7 @@ import msgspec
 from inferengine.config import EngineConfig
 from inferengine.core.engine_io import SchedulerStats, SpecDecodingStats
 from inferengine.engine.core_client import AsyncMPClient
-from inferengine.engine.input_processor import InputProcessor, PromptType, load_tokenizer
+from inferengine.engine.input_processor import InputProcessor, PromptType
 from inferengine.engine.llm_engine import fan_out
 from inferengine.engine.output_processor import OutputProcessor
 from inferengine.errors import EngineDeadError, InvalidRequestError, OverloadedError
@@ -27,6 +27,7 @@ from inferengine.metrics.stats import IterationStats, StatLogger, ThroughputWind
 from inferengine.outputs import RequestOutput
 from inferengine.retention import Retention
 from inferengine.sampling_params import RequestOutputKind, SamplingParams
+from inferengine.tokenizer import load_tokenizer
 
 logger = init_logger(__name__)
 

@@ -7,24 +7,12 @@ from typing import Any
 
 from inferengine.config import ModelConfig
 from inferengine.core.engine_io import EngineCoreRequest
-from inferengine.errors import InvalidRequestError, ModelLoadError
+from inferengine.errors import InvalidRequestError
 from inferengine.retention import Retention
 from inferengine.sampling_params import SamplingParams
 
 # A prompt: text, token ids, or a dict with "prompt" or "prompt_token_ids".
 PromptType = str | list[int] | dict[str, Any]
-
-
-def load_tokenizer(path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except Exception as e:
-        raise ModelLoadError(
-            f"cannot load a tokenizer from {path} ({e}). Put tokenizer.json / tokenizer_config.json "
-            "beside config.json, or pass --tokenizer with a folder that has them."
-        ) from e
 
 
 class InputProcessor:

@@ -11,12 +11,13 @@ from typing import Any
 from inferengine.config import EngineConfig
 from inferengine.core.engine_io import EngineCoreRequest
 from inferengine.engine.core import EngineCore
-from inferengine.engine.input_processor import InputProcessor, PromptType, load_tokenizer
+from inferengine.engine.input_processor import InputProcessor, PromptType
 from inferengine.engine.output_processor import OutputProcessor, ParentRequest
 from inferengine.errors import ConfigError
 from inferengine.outputs import RequestOutput
 from inferengine.retention import Retention
 from inferengine.sampling_params import SamplingParams
+from inferengine.tokenizer import load_tokenizer
 
 
 def child_params(params: SamplingParams, index: int) -> SamplingParams:

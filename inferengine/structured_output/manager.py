@@ -23,6 +23,7 @@ import numpy as np
 from inferengine.core.request import Request
 from inferengine.logger import init_logger
 from inferengine.structured_output.grammar import grammar_text, make_tokenizer, mask_width
+from inferengine.tokenizer import load_tokenizer
 
 logger = init_logger(__name__)
 
@@ -59,8 +60,6 @@ class StructuredOutputManager:
         tokenizer = self._ll_tokenizers.get(eos)
         if tokenizer is None:
             if self._hf_tokenizer is None:
-                from inferengine.engine.input_processor import load_tokenizer
-
                 self._hf_tokenizer = load_tokenizer(self.tokenizer_path)
                 # set before any matcher is handed out, so every mask has this width
                 self.words = (mask_width(self._hf_tokenizer, self.vocab_size) + 31) // 32

@@ -46,7 +46,7 @@ def _allowed(mask: bytes, row: int, width: int = (VOCAB_SIZE + 31) // 32) -> set
 
 
 def _token(manager: StructuredOutputManager, text: str) -> int:
-    from inferengine.engine.input_processor import load_tokenizer
+    from inferengine.tokenizer import load_tokenizer
 
     (token_id,) = load_tokenizer(manager.tokenizer_path).encode(text, add_special_tokens=False)
     return token_id
