@@ -1,6 +1,17 @@
-"""Errors a user can cause, each with a message that says what to do, and its HTTP mapping."""
+"""Errors a user can cause, each with a message that says what to do, and its HTTP mapping;
+`excerpt`, the bounded form in which a client's value may be echoed in an error or a log line."""
 
 from __future__ import annotations
+
+EXCERPT_CHARS = 200  # of a client's value, in an error message or a log line
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """`text` (a client's value) safe to echo: lone surrogates escaped (they cannot be encoded
+    as UTF-8), and when longer than `limit` characters, its start, an ellipsis and its length."""
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text)} characters in all)"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class InferEngineError(Exception):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from inferengine.errors import InvalidRequestError
+from inferengine.errors import InvalidRequestError, excerpt
 
 MAX_TTL_S = 7 * 24 * 3600.0  # a week: a lease longer than that is almost surely a mistake
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
@@ -30,14 +30,14 @@ def parse_retention(value: str | None, field: str = "prompt_cache_retention") ->
     match = _DURATION.match(value)
     if match is None:
         raise InvalidRequestError(
-            f'{field} {value!r} is not understood: use "in_memory" or a positive duration '
+            f'{field} {excerpt(value)!r} is not understood: use "in_memory" or a positive duration '
             'with a unit (ms, s, m, h, d), such as "600s", "5m", "1h" or "24h".',
             param=field,
         )
     seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
     if seconds <= 0 or seconds > MAX_TTL_S:
         raise InvalidRequestError(
-            f"{field} {value!r} is out of range: a lease lasts more than 0 s and at most "
+            f"{field} {excerpt(value)!r} is out of range: a lease lasts more than 0 s and at most "
             f"{MAX_TTL_S / 86400:.0f} days.",
             param=field,
         )

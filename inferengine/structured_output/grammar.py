@@ -14,7 +14,7 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from inferengine.errors import InvalidRequestError
+from inferengine.errors import InvalidRequestError, excerpt
 from inferengine.logger import init_logger
 from inferengine.sampling_params import StructuredOutputsParams
 from inferengine.structured_output.token_bytes import tokenizer_from_bytes
@@ -77,7 +77,8 @@ def check_grammar(params: StructuredOutputsParams, tokenizer: Any) -> None:
         error = str(e)
     if error:
         raise InvalidRequestError(
-            f"the {params.kind} given for structured output is not usable: {error.strip()}",
+            f"the {params.kind} given for structured output is not usable: "
+            f"{excerpt(error.strip())}",
             param=param,
         )
 

@@ -1,8 +1,14 @@
-"""Every error the server returns, in OpenAI's JSON shape `{"error": {message, type, param, code}}`."""
+"""Every error the server returns, in OpenAI's JSON shape `{"error": {message, type, param, code}}`.
+
+`error_body` is the one way out for every error (responses, stream events, run-batch records): it
+bounds the message and param, so that a client's value echoed in them (a huge regex, a model name,
+an object key) comes back as a short excerpt, never as the megabytes it was sent as.
+"""
 
 from __future__ import annotations
 
 import json
+import traceback
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -11,12 +17,15 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from inferengine.errors import InferEngineError, OverloadedError
+from inferengine.errors import InferEngineError, OverloadedError, excerpt
 from inferengine.logger import init_logger
 
 logger = init_logger(__name__)
 
 RETRY_AFTER_S = "1"
+MAX_MESSAGE_CHARS = 1000  # of an error message, whatever it echoes
+MAX_PARAM_CHARS = 200
+_MAX_LISTED_ERRORS = 5  # of a body's validation errors, in one message
 
 # Error types for statuses that do not come from an `InferEngineError`.
 _STATUS_TYPES = {
@@ -47,9 +56,9 @@ def error_body(
 ) -> dict[str, Any]:
     return {
         "error": {
-            "message": message,
+            "message": excerpt(message, MAX_MESSAGE_CHARS),
             "type": error_type,
-            "param": param,
+            "param": None if param is None else excerpt(param, MAX_PARAM_CHARS),
             "code": code if code is not None else status,
         }
     }
@@ -76,20 +85,55 @@ def stream_error_event(exc: BaseException) -> str:
     if isinstance(exc, InferEngineError):
         body = error_body(exc.message, exc.error_type, exc.status_code, exc.param, exc.code)
     else:
-        body = error_body(f"internal error: {type(exc).__name__}: {exc}", "internal_error", 500)
+        body = error_body(internal_message(exc), "internal_error", 500)
     return f"data: {json.dumps(body)}\n\n"
 
 
+def internal_message(exc: BaseException) -> str:
+    return f"internal error: {type(exc).__name__}: {excerpt(str(exc))}"
+
+
+def internal_error_response(path: str, exc: BaseException) -> JSONResponse:
+    """The 500 for a bug: logged once, with its traceback but only an excerpt of its message
+    (which may quote a client's value)."""
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    logger.error(
+        "internal error on %s: %s\nTraceback (most recent call last):\n%s",
+        excerpt(path),
+        internal_message(exc),
+        frames.rstrip(),
+    )
+    return status_response(500, internal_message(exc))
+
+
 def validation_message(exc: RequestValidationError | ValidationError) -> tuple[str, str | None]:
+    """What is wrong with a body (its first few errors) and the top-level field to name."""
+    errors = exc.errors()
+    if errors and errors[0].get("type") == "json_invalid":
+        return _json_message(errors[0], getattr(exc, "body", None)), None
     parts, param = [], None
-    for err in exc.errors():
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    for err in errors[:_MAX_LISTED_ERRORS]:
+        loc = [excerpt(str(x), 64) for x in err.get("loc", ()) if x != "body"]
         if loc and param is None:
             param = loc[0]
         where = ".".join(loc) or "body"
         message = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
-        parts.append(f"{where}: {message}")
+        parts.append(f"{where}: {excerpt(message)}")
+    if len(errors) > _MAX_LISTED_ERRORS:
+        parts.append(f"and {len(errors) - _MAX_LISTED_ERRORS} more error(s)")
     return "; ".join(parts) or "invalid request body", param
+
+
+def _json_message(err: Any, doc: Any) -> str:
+    """Where a body that is not JSON goes wrong: "Invalid JSON body: <what> at line L column C"."""
+    what = str((err.get("ctx") or {}).get("error") or "not JSON")
+    loc = err.get("loc", ())
+    pos = loc[-1] if loc and isinstance(loc[-1], int) else None
+    if pos is None or not isinstance(doc, str):
+        return f"Invalid JSON body: {what}."
+    line = doc.count("\n", 0, pos) + 1
+    column = pos - doc.rfind("\n", 0, pos)
+    return f"Invalid JSON body: {what} at line {line} column {column} (character {pos})."
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -110,5 +154,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("internal error on %s", request.url.path)
-        return status_response(500, f"internal error: {type(exc).__name__}: {exc}")
+        return internal_error_response(request.url.path, exc)

@@ -1,4 +1,5 @@
-"""The server's gate (pure ASGI): API key, body-size limit, draining, and in-flight counting.
+"""The server's gate (pure ASGI): API key, body-size limit, bodies that are not text (invalid
+UTF-8, lone surrogates: `text_check.py`), draining, and in-flight counting.
 
 While the server drains, the gate also ends the requests still running once the drain's time is
 up (`cut_off`): a 503 error, or on a stream a last error event and `[DONE]`.
@@ -14,10 +15,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferengine.entrypoints.openai.errors import (
     ServiceUnavailableError,
+    error_response,
+    internal_error_response,
     status_response,
     stream_error_event,
 )
 from inferengine.entrypoints.openai.streaming import SSE_DONE
+from inferengine.entrypoints.openai.text_check import body_problem
 
 # Paths any client may call, even without the API key and while draining.
 OPEN_PATHS = frozenset({"/health", "/metrics", "/version", "/docs", "/redoc", "/openapi.json"})
@@ -74,6 +78,10 @@ class GateMiddleware:
             response = status_response(413, f"The request body is larger than {limit} bytes.")
             await response(scope, receive, send)
             return
+        problem = body_problem(body)
+        if problem is not None:  # not text: a 400 naming the field, before any parsing
+            await error_response(problem)(scope, receive, send)
+            return
         await self.app(scope, _replay(body, receive), send)
 
     async def _until_cut_off(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -90,7 +98,15 @@ class GateMiddleware:
             serving.cancel()
             await asyncio.gather(serving, cut_off, return_exceptions=True)
         if finished:
-            serving.result()  # raises the app's error, if any, for the error handlers
+            error = serving.exception()
+            if error is None:
+                return
+            if response.started or not isinstance(error, Exception):
+                raise error
+            # A bug: a 500 here, logged once, keeps the connection (re-raised, uvicorn would log
+            # it again and close the connection under the client's next request).
+            path = scope["path"]
+            await internal_error_response(path, error)(scope, receive, response.send)
         else:
             await response.end_with_503(scope, receive)
 

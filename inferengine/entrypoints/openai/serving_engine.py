@@ -21,7 +21,7 @@ from inferengine.entrypoints.openai.protocol import (
 )
 from inferengine.entrypoints.openai.streaming import EngineStream, start_streams
 from inferengine.entrypoints.openai.structured_outputs import structured_outputs
-from inferengine.errors import InvalidRequestError, ModelNotFoundError
+from inferengine.errors import InvalidRequestError, ModelNotFoundError, excerpt
 from inferengine.logger import init_logger
 from inferengine.outputs import PositionLogprobs, RequestOutput
 from inferengine.retention import Retention
@@ -99,7 +99,8 @@ class OpenAIServing:
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
             raise ModelNotFoundError(
-                f"The model `{name}` does not exist; this server serves `{self.model_name}`.",
+                f"The model `{excerpt(name)}` does not exist; this server serves "
+                f"`{self.model_name}`.",
                 param="model",
                 code="model_not_found",
             )
@@ -314,19 +315,32 @@ def unknown_fields(req: SamplingFields) -> list[str]:
     return sorted(name for name in req.model_extra or {} if name not in UNSUPPORTED_FIELDS)
 
 
+# Clients choose the names: the set of those warned about is kept as their short escaped forms
+# (`ascii_name`), bounded in count and in characters, and so is each warning.
 _warned_fields: set[str] = set()
-_MAX_WARNED_FIELDS = 1024  # clients choose the names: the set and the log stay bounded
+_MAX_WARNED_FIELDS = 1024
+_MAX_WARNED_CHARS = 64 * 1024
+_warned_chars = 0
 
 
 def warn_unknown_fields(names: Iterable[str], what: str = "request field(s) ignored") -> None:
     """Log `names` not logged before in this process, in one warning."""
-    new = [n for n in names if n not in _warned_fields]
-    room = _MAX_WARNED_FIELDS - len(_warned_fields)
-    if not new or room <= 0:
+    global _warned_chars
+    new: list[str] = []
+    for name in names:
+        short = ascii_name(name)
+        if short in _warned_fields or short in new:
+            continue
+        if len(_warned_fields) + len(new) >= _MAX_WARNED_FIELDS:
+            break
+        if _warned_chars + len(short) > _MAX_WARNED_CHARS:
+            break
+        new.append(short)
+        _warned_chars += len(short)
+    if not new:
         return
-    new = new[:room]
     _warned_fields.update(new)
-    listed = _cut(", ".join(ascii_name(n) for n in new), 1024)
+    listed = _cut(", ".join(new), 1024)
     logger.warning("unknown %s: %s (each name is logged once)", what, listed)
 
 

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from inferengine.errors import excerpt
 from inferengine.logger import init_logger
 from inferengine.outputs import RequestOutput
 
@@ -171,4 +172,4 @@ class SSEResponse(StreamingResponse):
             await body.aclose()
         error = None if streaming.cancelled() else streaming.exception()
         if error is not None and not isinstance(error, OSError):  # OSError: the client left
-            logger.error("a streamed response failed: %r", error)
+            logger.error("a streamed response failed: %s", excerpt(repr(error)))
