@@ -22,20 +22,27 @@ once it is measured again.
   plain decoding's by `switch_margin`; later, plain decoding wins back as soon as it is better at
   all (plain is the safe default, and the band between is sticky either way, so no flapping).
 - Once the time spent in the winning mode since the last exploration is large enough that
-  another exploration would take `explore_budget` of the bucket's wall time (judged by the
-  losing mode's last measured seconds per step; and never sooner than `min_reexplore_gap`
-  steps), the bucket measures the losing mode again for `explore_steps` steps and switches if
-  that mode now wins, so a changed workload can switch back. It does so early (at most once
-  per `min_reexplore_gap` steps) when the current mode's goodput has fallen below the losing
-  mode's last measurement, e.g. when acceptance collapses.
+  another exploration would take its share of the bucket's wall time (judged by the losing
+  mode's last measured seconds per step), the bucket measures the losing mode again for
+  `explore_steps` steps and switches if that mode now wins, so a changed workload can switch
+  back. While speculation wins, that share is `explore_budget` and plain is re-measured no
+  sooner than `min_reexplore_gap` steps. While plain wins, speculation is probed again with
+  exponential back-off: the share starts at `probe_share` when the bucket decides or switches
+  and halves with each probe speculation loses, down to `explore_budget`; so a bucket that
+  decided on a few failed drafts tries again within a few dozen steps, and one where
+  speculation keeps losing soon probes at the budget's rate. A bucket re-explores early (at
+  most once per `min_reexplore_gap` steps) when the current mode's goodput has fallen below
+  the losing mode's last measurement, e.g. when acceptance collapses.
 - The first `warmup_steps` after every change of mode are not measured (the async pipeline
   drains or refills, a CUDA graph may be cold).
-- Worst-case cost of exploring, once decided: the losing mode runs at most `explore_budget` (1%)
-  of the bucket's wall time, which costs that fraction times the relative difference in goodput
-  (0.34% of throughput when the losing mode runs at 0.66x the winner), whatever a losing step
-  costs; a losing mode that is slow per step is re-measured less often in steps (switching
-  back may then take about 100 times one exploration, e.g. 6 verify steps of 0.17 s at batch 256
-  every ~100 s). Early re-exploration happens only when the other mode looked better at its
+- Worst-case cost of exploring, once decided: the back-off's first probes of speculation
+  (about log2(probe_share / explore_budget) of them, five by default) cost one exploration
+  each; after them the losing mode runs at most `explore_budget` (1%) of the bucket's wall
+  time, which costs that fraction times the relative difference in goodput (0.34% of
+  throughput when the losing mode runs at 0.66x the winner), whatever a losing step costs; a
+  losing mode that is slow per step is re-measured less often in steps (switching back may
+  then take about 100 times one exploration, e.g. 6 verify steps of 0.17 s at batch 256 every
+  ~100 s). Early re-exploration happens only when the other mode looked better at its
   last measurement, so its expected cost is not positive. Every bucket also pays one initial
   exploration (`explore_steps + warmup_steps` steps in the losing mode).
 
@@ -110,6 +117,7 @@ class DraftLengthPolicy:
         explore_budget: float = 0.01,
         min_reexplore_gap: int = 64,
         switch_margin: float = 0.02,
+        probe_share: float = 0.25,
         goodput_decay: float = 0.95,
         fit_decay: float = 0.95,
         prior_acceptance: float = 0.7,
@@ -127,6 +135,7 @@ class DraftLengthPolicy:
             ("prior_acceptance", prior_acceptance),
             ("min_gain", min_gain),
             ("explore_budget", explore_budget),
+            ("probe_share", probe_share),
         ):
             if not 0.0 < value < 1.0:
                 raise ValueError(f"{name} must lie strictly between 0 and 1, not {value}.")
@@ -140,6 +149,8 @@ class DraftLengthPolicy:
             raise ValueError(
                 "probe_backoff must be (first, most) with 1 <= first <= most < forget_steps."
             )
+        if probe_share < explore_budget:
+            raise ValueError("probe_share must be at least explore_budget.")
         if min_reexplore_gap < 1 or prior_weight <= 0 or switch_margin < 0:
             raise ValueError(
                 "min_reexplore_gap must be >= 1, prior_weight > 0 and switch_margin >= 0."
@@ -150,6 +161,7 @@ class DraftLengthPolicy:
         self.explore_budget = explore_budget
         self.min_reexplore_gap = min_reexplore_gap
         self.switch_margin = switch_margin
+        self.probe_share = probe_share
         self.goodput_decay = goodput_decay
         self.fit_decay = fit_decay
         self.prior_acceptance = prior_acceptance
@@ -236,6 +248,7 @@ class DraftLengthPolicy:
                 bucket.best = self._beats(bucket, True)
                 bucket.explore_age = bucket.since_explore = 0
                 bucket.seconds_since_explore = 0.0
+                bucket.probe_share = self.probe_share
         elif bucket.exploring is not None:
             bucket.explore_age += 1
             if measured and mode == bucket.exploring:
@@ -247,29 +260,34 @@ class DraftLengthPolicy:
                 if self._beats(bucket, bucket.exploring):
                     bucket.best = bucket.exploring
                     bucket.switches += 1
+                    bucket.probe_share = self.probe_share
+                else:  # the probe lost: back off
+                    bucket.probe_share = max(self.explore_budget, bucket.probe_share / 2)
                 bucket.exploring = None
                 bucket.since_explore = 0
                 bucket.seconds_since_explore = 0.0
         else:
             bucket.since_explore += 1
             bucket.seconds_since_explore += max(seconds, 0.0)
-            if bucket.since_explore >= self.min_reexplore_gap and (
-                bucket.seconds_since_explore >= self._exploration_pause(bucket)
-                or (measured and mode == bucket.best and self._other_looked_better(bucket))
-            ):
+            gap = bucket.since_explore >= self.min_reexplore_gap
+            due = bucket.seconds_since_explore >= self._exploration_pause(bucket)
+            early = gap and measured and mode == bucket.best and self._other_looked_better(bucket)
+            if (due and (gap or not bucket.best)) or early:
                 bucket.exploring = not bucket.best
                 bucket.explore_count = bucket.explore_age = 0
 
     def _exploration_pause(self, bucket: Bucket) -> float:
-        """Seconds in the winning mode after which measuring the losing one again takes
-        `explore_budget` of the time: one exploration lasts `explore_steps + warmup_steps`
-        steps at the losing mode's last measured seconds per step."""
+        """Seconds in the winning mode after which measuring the losing one again takes its
+        share of the time (`explore_budget`, or the back-off's share while plain wins): one
+        exploration lasts `explore_steps + warmup_steps` steps at the losing mode's last
+        measured seconds per step."""
         assert bucket.best is not None
+        share = self.explore_budget if bucket.best else bucket.probe_share
         per_step = bucket.modes[not bucket.best].last_step_seconds
         if per_step is None:  # the losing mode never ran: judge by the winning one
             per_step = bucket.modes[bucket.best].last_step_seconds or 0.0
         cost = (self.explore_steps + self.warmup_steps) * per_step
-        return cost * (1.0 - self.explore_budget) / self.explore_budget
+        return cost * (1.0 - share) / share
 
     def _beats(self, bucket: Bucket, candidate: bool) -> bool:
         """Whether `candidate`'s goodput beats the other mode's: speculation must win by

@@ -34,6 +34,7 @@ class Goodput:
         "emitted_per_request",
         "last_rate",
         "last_step_seconds",
+        "last_tokens_per_second",
         "num_decoding",
         "samples",
         "seconds",
@@ -47,6 +48,7 @@ class Goodput:
         self.samples = 0  # measured steps, ever
         self.last_rate: float | None = None  # the rate right after the last measured step
         self.last_step_seconds: float | None = None  # and the mean seconds per step
+        self.last_tokens_per_second: float | None = None  # and the tokens per second
 
     def fade(self, factor: float) -> None:
         if self.weight < TINY:
@@ -70,6 +72,7 @@ class Goodput:
         self.samples += 1
         self.last_rate = self.rate
         self.last_step_seconds = self.seconds / self.weight
+        self.last_tokens_per_second = self.tokens_per_second
 
     @property
     def rate(self) -> float | None:
@@ -78,9 +81,12 @@ class Goodput:
 
     @property
     def tokens_per_second(self) -> float | None:
-        """The rate at this mode's mean batch size."""
+        """The rate at this mode's mean batch size; once the sums have faded away (a mode not
+        run for long), the last one measured; None when never measured."""
         rate = self.rate
-        return None if rate is None else rate * self.num_decoding / self.weight
+        if rate is None:
+            return self.last_tokens_per_second
+        return rate * self.num_decoding / self.weight
 
     def emits_drafts(self, margin: float) -> bool:
         """Whether these steps emitted more than one token per request by `margin` (some
@@ -135,6 +141,7 @@ class Bucket:
         "exploring",
         "fit",
         "modes",
+        "probe_share",
         "seconds_since_explore",
         "since_explore",
         "steps",
@@ -150,6 +157,7 @@ class Bucket:
         self.explore_age = 0  # steps since the exploration began
         self.since_explore = 0  # steps since the last exploration ended
         self.seconds_since_explore = 0.0  # and their wall seconds
+        self.probe_share = 1.0  # while plain wins: the share of time the next probe may take
         self.steps = [0, 0]  # recorded steps per mode (warm-up included)
         self.switches = 0
 

@@ -220,6 +220,8 @@ def test_rejects_bad_tunables():
         DraftLengthPolicy(K, probe_backoff=(8, 4))
     with pytest.raises(ValueError):
         DraftLengthPolicy(-1)
+    with pytest.raises(ValueError):
+        DraftLengthPolicy(K, probe_share=0.005)  # below explore_budget
 
 
 def test_speculating_steps_that_emit_no_draft_never_win_on_noise():
@@ -232,3 +234,58 @@ def test_speculating_steps_that_emit_no_draft_never_win_on_noise():
         policy.record_step(mode, 64, 64, 64, 0.008 if mode else 0.010)
     assert policy.bucket_state(64) == "plain"
     assert not policy.speculate_now(64)
+
+
+def _one_request(policy: DraftLengthPolicy, steps: int, pays: bool, modes: list[bool]) -> None:
+    """Steps of one request at fixed costs (plain 10 ms, speculating 12.5 ms); its drafts are
+    all accepted if `pays`, else all rejected."""
+    for _ in range(steps):
+        spec = policy.speculate_now(1)
+        k = policy.num_drafts("r", K, 1) if spec else 0
+        accepted = k if pays else 0
+        if k:
+            policy.record_acceptance("r", k, accepted)
+        policy.record_step(spec, 1, 1 + k, 1 + accepted, 0.0125 if spec else 0.010)
+        modes.append(spec)
+
+
+def _runs(modes: list[bool], start: int = 1) -> tuple[list[int], list[int]]:
+    """Steps where speculation started, and where plain decoding started, from `start`."""
+    began = [i for i in range(start, len(modes)) if modes[i] and not modes[i - 1]]
+    ended = [i for i in range(start, len(modes)) if not modes[i] and modes[i - 1]]
+    return began, ended
+
+
+def test_speculation_that_lost_is_probed_again_with_exponential_back_off():
+    """Plain wins on failed drafts; speculation is probed again after a pause in which the
+    probe (6 steps of 12.5 ms = 75 ms) takes 1/4 of the time, then 1/8, 1/16, ... down to
+    explore_budget (1/100): 0.075 s * 3 / 10 ms = 22.5 -> 23 plain steps, then 53, 113, 233,
+    473, and 743 from then on. Once drafts pay, the next probe wins and speculation stays on,
+    plain re-measured only within explore_budget (6 plain steps per 0.06 s * 99 / 12.5 ms =
+    475.2 -> 476 speculating steps)."""
+    policy = DraftLengthPolicy(K)
+    modes: list[bool] = []
+    _one_request(policy, 3000, False, modes)
+    began, ended = _runs(modes)
+    assert began[0] == 6 and ended[0] == 12  # the first exploration: plain, then speculation
+    assert [b - e for b, e in zip(began[1:], ended, strict=False)] == [
+        23,
+        53,
+        113,
+        233,
+        473,
+        743,
+        743,
+    ]
+    assert all(e - b == 6 for b, e in zip(began, ended, strict=True))  # one warm-up + 5 measured
+    assert policy.bucket_state(1) == "plain"
+
+    assert ended[-1] == 2435
+
+    _one_request(policy, 2000, True, modes)  # the drafts pay from now on
+    began, ended = _runs(modes, start=3000)
+    assert began[0] == 2435 + 743  # the next probe, at the back-off's pace
+    assert ended[0] == began[0] + 6 + 476  # it won, and speculation stays on
+    assert all(modes[began[0] : ended[0]])
+    assert [b - e for b, e in zip(began[1:], ended, strict=False)] == [6, 6, 6]  # plain lost
+    assert policy.bucket_state(1) == "spec"
