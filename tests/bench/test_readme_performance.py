@@ -1,5 +1,6 @@
-"""The README's performance section is exactly what benchmarks/readme_performance.py makes of the
-result folders, and the script lists every run at the newest revision, not the best one."""
+"""The performance page's tables and the README's headline table are exactly what
+benchmarks/readme_performance.py makes of the result folders, and the script lists every run at
+the newest revision, not the best one."""
 
 from __future__ import annotations
 
@@ -20,15 +21,20 @@ def load_script():
     return module
 
 
-def test_readme_matches_the_result_folders():
+def test_page_and_readme_match_the_result_folders():
     script = load_script()
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert script.BEGIN in readme and script.END in readme
-    assert script.replace_section(readme, script.render()) == readme, (
-        "README.md's performance section is stale: run python benchmarks/readme_performance.py"
+    page = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    assert script.BEGIN in page and script.END in page
+    assert script.replace_section(page, script.render()) == page, (
+        "docs/performance.md's tables are stale: run python benchmarks/readme_performance.py"
     )
-    spec = script.replace_section(readme, script.render_spec(), script.SPEC_BEGIN, script.SPEC_END)
-    assert spec == readme, "README.md's speculative-decoding table is stale: run the same script"
+    spec = script.replace_section(page, script.render_spec(), script.SPEC_BEGIN, script.SPEC_END)
+    assert spec == page, "docs/performance.md's speculation table is stale: run the same script"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    headline = script.replace_section(
+        readme, script.render_headline(), script.HEADLINE_BEGIN, script.HEADLINE_END
+    )
+    assert headline == readme, "README.md's headline table is stale: run the same script"
     # Speculation folders stay out of the InferEngine-versus-vLLM table.
     assert "-spec-" not in script.render()
 
@@ -101,8 +107,30 @@ def test_fp8_runs_get_a_table_of_their_own(tmp_path):
         (results / name).mkdir(parents=True)
         (results / name / "summary.json").write_text(json.dumps(data))
     text = script.render(results)
-    bf16_table, fp8_table = text.split("FP8 weights and KV cache")
+    _, bf16_table, fp8_table = text.split("### ")
+    assert "FP8 weights and KV cache" in fp8_table
     assert "| 100 | 50 | 2.00 |" in bf16_table and "1 round(s) at old" in bf16_table
     assert "| 300 | 100 | 3.00 |" in fp8_table and "1 round(s) at new" in fp8_table
     assert "300" not in bf16_table and "bf16, dummy weights" in bf16_table
     assert "777" not in text and "newest" not in text
+
+
+def test_headline_counts_every_workload(tmp_path):
+    """The README's headline takes the same medians as the page and counts, among every table's
+    workloads, those where ours is slower, naming them."""
+    script = load_script()
+    results = tmp_path / "results"
+    folders = {
+        "20260102T000000Z-paired-r0": summary("new", 0, {"inferengine": 100.0, "vllm": 50.0}),
+        "20260102T010000Z-paired-r1": summary("new", 1, {"inferengine": 130.0, "vllm": 40.0}),
+    }
+    slow = summary("new", 0, {"inferengine": 10.0, "vllm": 20.0})
+    slow["workloads"]["json-c16"] = slow["workloads"].pop("w1")
+    folders["20260102T020000Z-json-r0"] = slow
+    for name, data in folders.items():
+        (results / name).mkdir(parents=True)
+        (results / name / "summary.json").write_text(json.dumps(data))
+    text = script.render_headline(results)
+    assert "| w1 | 115 | 45 | **2.56** |" in text and "NVIDIA H100 80GB HBM3" in text
+    assert "json-c16 |" not in text  # in the count, not a row
+    assert "above vLLM's in 1 of 2 paired workloads; below in json-c16 (configs/x, bf16)." in text
