@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inferengine.entrypoints.openai.text_check import lone_surrogate_error, lone_surrogate_path
 from inferengine.errors import ConfigError
 
 FORMATS = ("openai", "jsonl", "csv", "parquet")
@@ -121,6 +122,9 @@ def _parse_json_row(index: int, raw: bytes) -> InputRow:
         return InputRow(index, None, f"row {index} is not valid JSON: {e}")
     if not isinstance(data, dict):
         return InputRow(index, None, f"row {index} is not a JSON object.")
+    path = lone_surrogate_path(data)
+    if path is not None:  # the tokenizer and the output file could not take it
+        return InputRow(index, None, f"row {index}: {lone_surrogate_error(path).message}")
     return InputRow(index, data)
 
 
@@ -152,20 +156,27 @@ def _count_lines(path: Path) -> int:
 
 
 def _csv_header(path: Path) -> list[str]:
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
         header = next(csv.reader(f), None)
     if not header:
         raise ConfigError(f"{path} has no header row; the first row must name the columns.")
+    if lone_surrogate_path(header) is not None:
+        raise ConfigError(f"the header row of {path} is not UTF-8 text.")
     return header
 
 
 def _csv_rows(path: Path) -> Iterator[InputRow]:
     csv.field_size_limit(sys.maxsize)
-    with open(path, newline="", encoding="utf-8") as f:
+    # Bytes that are not UTF-8 come through as lone surrogates, and fail only their row.
+    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
         reader = csv.DictReader(f)
         for index, row in enumerate(reader):
             if None in row:
                 yield InputRow(index, None, f"row {index} has more cells than the header.")
+                continue
+            column = lone_surrogate_path(row)
+            if column is not None:
+                yield InputRow(index, None, f"row {index}: column {column} is not UTF-8 text.")
                 continue
             yield InputRow(index, row)
 

@@ -121,6 +121,40 @@ def test_bad_plain_rows_give_error_records(batch_llm, tmp_path, warnings):
         assert records[i]["error"] and records[i]["output_text"] is None, records[i]
 
 
+def test_rows_that_are_not_text_fail_alone(batch_llm, tmp_path):
+    """A lone surrogate (JSON's "\\ud800") in any field, or bytes that are not UTF-8 in a CSV
+    cell, fail their row with a message naming the field; the other rows complete."""
+    lines = [
+        openai_line("good-0", GOOD),
+        openai_line("bad-prompt", {**GOOD, "prompt": "Hi \ud800"}),
+        openai_line("bad-stop", {**GOOD, "stop": ["ok", "\udfff"]}),
+        openai_line("bad-chat", {"messages": [{"role": "user", "content": "\ud800"}]}),
+        {**openai_line("bad-line-field", GOOD), "x_\ud800": 1},
+        openai_line("good-1", GOOD),
+    ]
+    inp = write_jsonl(tmp_path / "in.jsonl", lines)  # json.dumps escapes them as \uXXXX
+    summary = run(batch_llm, inp, tmp_path / "out.jsonl")
+    assert (summary.done, summary.failed) == (2, 4)
+    records = {r.get("row_index", r["custom_id"]): r for r in read_jsonl(tmp_path / "out.jsonl")}
+    assert records["good-0"]["response"]["status_code"] == 200
+    assert records["good-1"]["response"]["status_code"] == 200
+    for row, field in [
+        (1, "body.prompt"),
+        (2, "body.stop[1]"),
+        (3, "body.messages[0].content"),
+        (4, "x_\\ud800"),
+    ]:
+        message = records[row]["error"]["message"]
+        assert message.startswith(f"row {row}: {field} holds a lone UTF-16 surrogate"), message
+
+    plain = tmp_path / "in.csv"
+    plain.write_bytes(b"prompt,max_tokens\nHello,2\nbad \xff\xfe bytes,2\nWorld,2\n")
+    summary = run(batch_llm, plain, tmp_path / "out.csv")
+    assert (summary.done, summary.failed) == (2, 1)
+    out = (tmp_path / "out.csv").read_text(encoding="utf-8")
+    assert "row 1: column prompt is not UTF-8 text." in out, out
+
+
 def test_defaults_fill_missing_fields(batch_llm, tmp_path):
     inp = write_jsonl(
         tmp_path / "in.jsonl", [{"prompt": "Hello"}, {"prompt": "Hi", "max_tokens": 2}]
