@@ -142,6 +142,20 @@ def test_unknown_fields_warn_once_per_name_and_come_back_in_a_header(engine, lin
     assert UNKNOWN_FIELDS_HEADER not in _reply(Response("{}"), known).headers
 
 
+def test_warned_field_names_are_bounded_in_characters(lines, monkeypatch):
+    from inferengine.entrypoints.openai import serving_engine
+
+    monkeypatch.setattr(serving_engine, "_warned_fields", set())
+    monkeypatch.setattr(serving_engine, "_warned_chars", 0)
+    for batch in range(20):  # 2000 distinct names of 100k characters each
+        warn_unknown_fields(f"{i:05d}{batch}" + "x" * 100_000 for i in range(100))
+    kept = serving_engine._warned_fields
+    assert 0 < len(kept) < 1024  # the character budget ran out before the count did
+    assert sum(map(len, kept)) <= serving_engine._MAX_WARNED_CHARS
+    assert max(map(len, kept)) < 100
+    assert lines and all(len(line) < 1200 for line in lines)
+
+
 def test_log_and_limit_flags(lines):
     from inferengine.entrypoints.cli.serve import add_server_args
 
