@@ -158,3 +158,16 @@ def test_slugify_matches_mkdocs_where_installed():
     for text in ("Qwen2.5-7B shape, FP8 weights and KV cache", "Sessions: leases", "`LLM`"):
         rendered = re.sub(r"`([^`]*)`", r"\1", text)
         assert slugify(text) == toc.slugify(rendered, "-")
+
+
+def test_every_result_folder_named_in_the_docs_exists():
+    """A quoted figure names its folder; a folder that left the tree takes its figure along,
+    unless the sentence says the folder is in git history."""
+    folder = re.compile(r"\d{8}T\d{6}Z-[\w.-]*\w")
+    results = ROOT / "benchmarks" / "results"
+    for page in [ROOT / "README.md", *DOCS.rglob("*.md")]:
+        for line in page.read_text(encoding="utf-8").splitlines():
+            for name in folder.findall(line):
+                if "git history" in line:
+                    continue
+                assert (results / name).is_dir(), f"{page.name} quotes {name}, not in the tree"
