@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from inferengine.attention.backends.base import AttentionBackend, AttentionSpec, RotaryInputs
+from inferengine.attention.backends.base import (
+    AttentionBackend,
+    AttentionSpec,
+    Rotary,
+    RotaryInputs,
+)
 from inferengine.attention.metadata import AttentionMetadata
-
-if TYPE_CHECKING:
-    from inferengine.model.layers.rotary import RotaryEmbedding
 
 
 class Attention(nn.Module):
@@ -44,7 +45,7 @@ class Attention(nn.Module):
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
         positions: torch.Tensor | None = None,
-        rotary_emb: RotaryEmbedding | None = None,
+        rotary_emb: Rotary | None = None,
     ) -> torch.Tensor:  # [T, Hq·D]
         """With `rotary_emb`, query and key come unrotated: the backend rotates them while
         storing K/V where it can (one kernel fewer per layer), else they are rotated here."""

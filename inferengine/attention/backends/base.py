@@ -4,14 +4,27 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from inferengine.attention.metadata import AttentionMetadata
 
-if TYPE_CHECKING:
-    from inferengine.model.layers.rotary import RotaryEmbedding
+
+class Rotary(Protocol):
+    """What attention asks of a rotary embedding (`model/layers/rotary.RotaryEmbedding`)."""
+
+    cos_sin_cache: torch.Tensor  # [max_position, rotary_dim] float32: cos | sin
+
+    def fusable_into_kv_store(self, query: torch.Tensor) -> bool: ...
+
+    def __call__(
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        per_step: dict[Any, Any] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass(frozen=True)
@@ -48,7 +61,7 @@ class AttentionBackend(ABC):
 
     def takes_rotary(
         self,
-        rotary_emb: RotaryEmbedding,
+        rotary_emb: Rotary,
         query: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,

@@ -22,12 +22,12 @@ only where that pays:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from inferengine.attention.backends.base import AttentionSpec, RotaryInputs
+from inferengine.attention.backends.base import AttentionSpec, Rotary, RotaryInputs
 from inferengine.attention.backends.torch_ref import (
     TorchAttentionBackend,
     attend,
@@ -38,9 +38,6 @@ from inferengine.attention.metadata import AttentionMetadata
 from inferengine.kernels.cpu_native import cpu_ops
 from inferengine.kernels.kv_quant import as_bytes, dequantize, quantize
 
-if TYPE_CHECKING:
-    from inferengine.model.layers.rotary import RotaryEmbedding
-
 _DECODE_KEY = "cpu_decode"
 _MIXED_KEY = "cpu_mixed"
 
@@ -50,7 +47,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     def takes_rotary(
         self,
-        rotary_emb: RotaryEmbedding,
+        rotary_emb: Rotary,
         query: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
