@@ -1,8 +1,11 @@
-"""How many KV pages fit: a byte budget on the CPU, a profiling run on CUDA."""
+"""How many KV pages fit: on the CPU what the running requests need (within a byte budget), on
+CUDA what a profiling run leaves; and the page tensors (on the CPU, mapped lazily)."""
 
 from __future__ import annotations
 
 import gc
+import math
+import mmap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,9 +18,12 @@ from inferengine.logger import init_logger
 logger = init_logger(__name__)
 
 _GIB = 1 << 30
-# On the CPU the KV cache takes this share of the memory still available once the weights are
-# loaded, and never so much that less than CPU_HEADROOM_BYTES stays available. --kv-cache-memory
-# overrides it; --gpu-memory-utilization is a share of device memory and applies to CUDA only.
+# On the CPU the KV cache holds max_num_seqs requests of max_model_len, and PREFIX_CACHE_HEADROOM
+# more for cached prefixes, but takes no more than this share of the memory still available once
+# the weights are loaded, and never so much that less than CPU_HEADROOM_BYTES stays available.
+# --kv-cache-memory overrides it; --gpu-memory-utilization is a share of device memory and
+# applies to CUDA only.
+PREFIX_CACHE_HEADROOM = 0.25
 CPU_KV_FRACTION = 0.3
 CPU_HEADROOM_BYTES = _GIB
 FALLBACK_CPU_KV_BYTES = _GIB  # where the available memory cannot be read
@@ -76,10 +82,23 @@ def allocate_kv_caches(
     model_config: ModelConfig | None = None,
 ) -> list[torch.Tensor]:
     """One `[2, num_blocks, block_size, kv_heads, head_dim]` tensor per layer of
-    `model_config` (default: the target)."""
+    `model_config` (default: the target), all zeros."""
     m = model_config or config.model_config
     shape = (2, num_blocks, config.cache_config.block_size, _kv_heads(m, config), m.head_dim)
+    if device.type == "cpu":
+        return [lazy_zeros(shape, dtype) for _ in range(_num_layers(m))]
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(_num_layers(m))]
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor of zeros in an anonymous memory map: the OS hands out its zero pages as
+    they are first written, so the process's resident memory grows with the KV pages in use,
+    not with the cache's size."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    buffer = mmap.mmap(-1, nbytes)  # private, anonymous: zero-filled, kept alive by the tensor
+    return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).view(shape)
 
 
 def runs_eagerly(config: EngineConfig) -> bool:
@@ -140,25 +159,52 @@ def cpu_kv_budget(available: int | None, share: float = 1.0) -> tuple[int, str]:
     return int(budget * share), why
 
 
+def cpu_kv_pages(
+    page_bytes: int,
+    budget: int,
+    budget_why: str,
+    max_num_seqs: int,
+    max_model_len: int,
+    block_size: int,
+) -> tuple[int, str]:
+    """The default CPU KV pages, and why: a page for every token of max_num_seqs requests of
+    max_model_len, PREFIX_CACHE_HEADROOM more for cached prefixes, and the null page; fewer
+    where `budget` bytes hold fewer."""
+    running = max_num_seqs * -(-max_model_len // block_size)
+    headroom = math.ceil(running * PREFIX_CACHE_HEADROOM)
+    need = running + headroom + 1
+    requests = f"max_num_seqs={max_num_seqs} requests of max_model_len={max_model_len}"
+    fits = budget // page_bytes
+    if need <= fits:
+        return need, f"{requests}: {running} pages, {headroom} more for cached prefixes"
+    return fits, (
+        f"{budget_why}; {requests} would take {need} pages ({need * page_bytes / _GIB:.2f} GiB)"
+    )
+
+
 def num_blocks_for_cpu(config: EngineConfig, dtype: torch.dtype) -> int:
-    """Pages in --kv-cache-memory, or by default in a share of the host memory available now
-    (the weights are loaded; the ranks of a split model share it), and no more than
-    max_num_seqs requests of max_model_len can fill."""
+    """Pages in --kv-cache-memory, or by default what `cpu_kv_pages` gives within a share of
+    the host memory available now (the weights are loaded; the ranks of a split model share
+    it)."""
     page_bytes = kv_block_bytes(config, dtype)
-    budget = config.cache_config.kv_cache_memory
-    if budget:
-        why = "--kv-cache-memory"
+    cc, sc = config.cache_config, config.scheduler_config
+    if cc.kv_cache_memory:
+        pages, why = cc.kv_cache_memory // page_bytes, "--kv-cache-memory"
     else:
         world_size = config.parallel_config.world_size
-        budget, why = cpu_kv_budget(host_memory_available(), 1 / world_size)
-        sc = config.scheduler_config
-        pages_per_seq = -(-sc.max_model_len // config.cache_config.block_size)
-        most = (sc.max_num_seqs * pages_per_seq + 1) * page_bytes
-        if budget > most:
-            budget, why = most, f"max_num_seqs={sc.max_num_seqs} requests of max_model_len"
+        budget, budget_why = cpu_kv_budget(host_memory_available(), 1 / world_size)
+        pages, why = cpu_kv_pages(
+            page_bytes, budget, budget_why, sc.max_num_seqs, sc.max_model_len, cc.block_size
+        )
         why += "; --kv-cache-memory sets it"
-    logger.info("CPU KV cache: %.2f GiB (%s)", budget / _GIB, why)
-    return budget // page_bytes
+    logger.info(
+        "CPU KV cache: %d pages of %d tokens, %.2f GiB, resident as they fill (%s)",
+        pages,
+        cc.block_size,
+        pages * page_bytes / _GIB,
+        why,
+    )
+    return pages
 
 
 def num_blocks_for_cuda(

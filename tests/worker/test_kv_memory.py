@@ -1,9 +1,11 @@
-"""The CPU KV cache's default size, from host memory and cgroup limits, and a max_model_len
-lowered to what the cache holds when the user did not set one."""
+"""The CPU KV cache's default size, from what max_num_seqs requests of max_model_len need
+within a budget from host memory and cgroup limits; its pages resident only once written; and a
+max_model_len lowered to what the cache holds when the user did not set one."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from inferengine import LLM, SamplingParams
 from inferengine.engine import kv_sizing
@@ -12,7 +14,9 @@ from inferengine.worker.kv_memory import (
     CPU_HEADROOM_BYTES,
     FALLBACK_CPU_KV_BYTES,
     cpu_kv_budget,
+    cpu_kv_pages,
     host_memory_available,
+    lazy_zeros,
 )
 
 GIB = 1 << 30
@@ -100,6 +104,42 @@ def test_explicit_max_model_len_that_does_not_fit_still_fails(tiny_checkpoint):
         LLM(path, max_model_len=1024, kv_cache_memory=40 * PAGE_BYTES)
 
 
+def test_default_is_what_max_num_seqs_requests_need_within_the_budget():
+    # 4 requests of 100 tokens: 7 pages of 16 each, 28 in all; a quarter more (7) for cached
+    # prefixes; and the null page.
+    pages, why = cpu_kv_pages(PAGE_BYTES, 10 * GIB, "budget", 4, 100, 16)
+    assert pages == 28 + 7 + 1
+    requests = "max_num_seqs=4 requests of max_model_len=100"
+    assert why == f"{requests}: 28 pages, 7 more for cached prefixes"
+    # 3 requests of 16 tokens: 3 pages, ceil(0.75) = 1 more, the null page.
+    assert cpu_kv_pages(PAGE_BYTES, 10 * GIB, "budget", 3, 16, 16)[0] == 5
+    # The budget holds fewer: as many as it holds, and what the requests would have taken.
+    pages, why = cpu_kv_pages(PAGE_BYTES, 30 * PAGE_BYTES + 100, "0.3 of 1 GiB", 4, 100, 16)
+    assert pages == 30
+    assert why == f"0.3 of 1 GiB; {requests} would take 36 pages (0.00 GiB)"
+
+
 def test_default_never_exceeds_what_max_num_seqs_requests_fill(tiny_checkpoint):
     llm = LLM(str(tiny_checkpoint("qwen2")), max_model_len=128, max_num_seqs=4)
-    assert llm.llm_engine.config.cache_config.num_blocks == 4 * 128 // 16 + 1
+    assert llm.llm_engine.config.cache_config.num_blocks == 4 * 128 // 16 + 8 + 1
+
+
+def test_an_explicit_kv_cache_memory_wins(tiny_checkpoint):
+    path = str(tiny_checkpoint("qwen2"))
+    llm = LLM(path, max_model_len=128, max_num_seqs=4, kv_cache_memory=100 * PAGE_BYTES)
+    assert llm.llm_engine.config.cache_config.num_blocks == 100
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_cpu_pages_are_zeros_resident_only_once_written():
+    before = _rss_bytes()
+    cache = lazy_zeros((2, 4096, 16, 8, 64), torch.float32)  # 256 MiB
+    assert _rss_bytes() - before < 32 << 20
+    assert cache.is_contiguous() and not cache[:, ::512].any()  # reading maps no new memory
+    cache[:, :2048] = 1.0  # half the pages written
+    assert _rss_bytes() - before > 120 << 20
+    assert float(cache.sum()) == 2 * 2048 * 16 * 8 * 64
