@@ -23,6 +23,7 @@ from inferengine.attention.backends.base import AttentionBackend, AttentionSpec
 from inferengine.attention.metadata import AttentionMetadata
 from inferengine.kernels.kv_quant import quantize
 from inferengine.logger import init_logger
+from inferengine.version import __version__
 
 logger = init_logger(__name__)
 
@@ -231,8 +232,6 @@ def choose_backend(
 
 def versions() -> str:
     """What the timings depend on besides the device and shape."""
-    from inferengine import __version__
-
     try:
         import triton
 

@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from inferengine.version import __version__
+
 # Each module defines `register(subparsers)`, which adds its parser and sets `func` on it.
 SUBCOMMAND_MODULES = (
     "inferengine.entrypoints.cli.generate",
@@ -33,8 +35,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from inferengine import __version__
-
     return f"inferengine {__version__}"
 
 
