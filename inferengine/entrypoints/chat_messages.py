@@ -27,9 +27,9 @@ from inferengine.errors import InvalidRequestError
 
 _COMMENT = re.compile(r"\{#.*?#\}", re.DOTALL)
 _WHAT_TO_DO = (
-    "Send a chat template that renders tool calls and tool results as chat_template (the "
+    "send a chat template that renders tool calls and tool results as chat_template (the "
     "tool-use template of the model's family, such as Qwen2.5's, Llama 3.1's or Mistral's), or "
-    "serve the model with a tokenizer_config.json whose chat_template has tool support."
+    "serve the model with a tokenizer_config.json whose chat_template has tool support"
 )
 
 
@@ -68,7 +68,7 @@ def templated_prompt(
         where = f"messages[{calls_at[0]}].tool_calls"
         raise InvalidRequestError(
             f"{where}: this chat template never reads tool_calls, so the earlier tool calls "
-            f"would be left out of the prompt; it does not support tool calling. {_WHAT_TO_DO}",
+            f"would be left out of the prompt; it does not support tool calling: {_WHAT_TO_DO}.",
             param=where,
         )
     try:
@@ -81,7 +81,9 @@ def templated_prompt(
         turns += [f'messages[{i}] (role "tool")' for i in results_at[:1]]
         raise InvalidRequestError(
             f"the chat template failed on a conversation with tool turns ({', '.join(turns)}); "
-            f"it said: {cause}. A template without tool support fails this way. {_WHAT_TO_DO}",
+            f"it said: {cause}. Either it does not support tool calling ({_WHAT_TO_DO}), or the "
+            "turns are not shaped as it wants them (Mistral's templates want call ids of 9 "
+            "letters or digits, which a server started with --tool-call-parser mistral gives).",
             param="messages",
         ) from cause
 

@@ -36,7 +36,8 @@ SDK_HISTORY = [
             {
                 "id": CALL_ID,
                 "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                # the SDK's field order, which Mistral's template would write as is
+                "function": {"arguments": '{"city": "Paris"}', "name": "get_weather"},
             }
         ],
     },
@@ -105,10 +106,9 @@ def test_messages_as_templates_read_them():
     assert out[0] == {"role": "system", "content": "Be brief.", "name": "ops"}
     assert out[1]["content"] == "a\nb"
     assert out[2]["content"] == ""
-    assert out[2]["tool_calls"][0]["function"] == {
-        "name": "get_weather",
-        "arguments": {"city": "Paris"},
-    }
+    function = out[2]["tool_calls"][0]["function"]
+    assert function == {"name": "get_weather", "arguments": {"city": "Paris"}}
+    assert list(function) == ["name", "arguments"]  # as models write calls
     assert out[3] == SDK_HISTORY[2]
     assert out[4] == {"role": "assistant", "content": ""}  # no `tool_calls` key left
     assert out[5] == {"role": "assistant", "content": "ok"}
@@ -174,7 +174,8 @@ def test_template_that_fails_on_tool_turns_is_a_400_saying_so(processor):
     assert error.param == "messages"
     assert 'tool turns (messages[1].tool_calls, messages[2] (role "tool"))' in error.message
     assert "Tool call IDs should be alphanumeric strings with length 9!" in error.message
-    assert "without tool support" in error.message and "chat_template" in error.message
+    assert "does not support tool calling" in error.message and "chat_template" in error.message
+    assert "--tool-call-parser mistral" in error.message
     # A template that refuses a tool role: Gemma-style alternation (no tool_calls in history)
     gemma_like = (
         "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"

@@ -253,8 +253,8 @@ def _check_choice(choice: str | dict[str, Any]) -> str | None:
 def template_tool_calls(message: dict[str, Any], index: int) -> None:
     """An assistant message's `tool_calls` as chat templates read them (vLLM's rule): each
     call's `function.arguments` a dict, parsed from the JSON text OpenAI's API sends (null or
-    empty: `{}`). A null or empty list is taken out: templates that ask `'tool_calls' in message`
-    (Llama 3.1's) would render an assistant turn without calls as a call."""
+    empty: `{}`), after the function's `name`. A null or empty list is taken out: templates
+    that ask `'tool_calls' in message` (Llama 3.1's) would render a turn without calls as one."""
     calls = message.get("tool_calls")
     if calls is None:
         message.pop("tool_calls", None)
@@ -294,5 +294,7 @@ def template_tool_calls(message: dict[str, Any], index: int) -> None:
                 f"{where}[{j}].function.arguments must be a JSON object.",
                 param=f"{where}[{j}].function.arguments",
             )
-        prepared.append({**call, "function": {**fn, "arguments": args}})
+        # name first: templates that write the function whole (Mistral's `tojson`) then write
+        # it as models write calls, whatever order the client's JSON had (the SDK's: arguments)
+        prepared.append({**call, "function": {"name": fn["name"], **fn, "arguments": args}})
     message["tool_calls"] = prepared
