@@ -79,7 +79,18 @@ class WaitingQueue:
 
 
 class Scheduler:
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig):
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        *,
+        pipeline_stages: int = 1,
+        keep_finished: bool = False,
+        kv_page_bytes: int = 0,
+    ):
+        """`pipeline_stages`: pipeline-parallel stages (more than one: steps in flight over
+        disjoint requests); `keep_finished`: keep ended requests in `just_finished` for the
+        speculation room; `kv_page_bytes`: one KV page's bytes over all ranks (tier stats)."""
         self.config = scheduler_config
         self.max_num_seqs = scheduler_config.max_num_seqs
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
@@ -99,8 +110,8 @@ class Scheduler:
         self.num_preemptions = 0
         self._last_step_tokens = 0
         self.spec_stats = SpecDecodingStats()
-        # Requests that ended, kept for the engine core's proposer when it asks (speculation)
-        self.keep_finished = False
+        # Requests that ended, kept for the speculation room when it asks
+        self.keep_finished = keep_finished
         self.just_finished: list[Request] = []
         # (request id, drafts verified, drafts accepted) of the last update, for the draft policy
         self.last_verified: list[tuple[str, int, int]] = []
@@ -109,9 +120,9 @@ class Scheduler:
         # take it from the last stage's device), and workers learn each request's new tokens
         # from the next step that schedules it. With `pipeline_depth` steps in flight, each
         # takes about 1/depth of the requests so that every stage has work.
-        self.pipelined = False
-        self.pipeline_depth = 1
-        self.kv_page_bytes = 0  # bytes of one KV page over all ranks (set by the engine core)
+        self.pipelined = pipeline_stages > 1
+        self.pipeline_depth = pipeline_stages
+        self.kv_page_bytes = kv_page_bytes
 
     # ---- requests in and out -------------------------------------------------------------
 
@@ -150,12 +161,15 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------------------
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, steps_in_flight: int | None = None) -> SchedulerOutput:
+        """The next step. Pipelined, each of `steps_in_flight` steps (default: one per stage)
+        takes about 1/depth of the requests; otherwise the argument changes nothing."""
         budget = self.max_num_batched_tokens
         num_scheduled: dict[str, int] = {}
         new_block_ids: dict[str, list[int]] = {}
         preempted_any = False
-        seq_cap = self._step_seq_cap()
+        depth = (steps_in_flight or self.pipeline_depth) if self.pipelined else 1
+        seq_cap = self._step_seq_cap(depth)
         kv = self.kv_cache_manager
         kv.expire_leases()
 
@@ -276,10 +290,10 @@ class Scheduler:
         self._last_step_tokens = total
         return output
 
-    def _step_seq_cap(self) -> int:
-        if self.pipeline_depth == 1:
+    def _step_seq_cap(self, depth: int) -> int:
+        if depth == 1:
             return self.max_num_seqs
-        share = -(-(len(self.running) + len(self.waiting)) // self.pipeline_depth)
+        share = -(-(len(self.running) + len(self.waiting)) // depth)
         return max(1, min(share, self.max_num_seqs))
 
     def _unsent_tokens(self, request: Request) -> list[int]:
@@ -311,6 +325,13 @@ class Scheduler:
             first_draft = request.num_tokens + request.num_output_placeholders
             fit = request.num_computed_tokens + num_new - first_draft
             del request.spec_token_ids[max(fit, 0) :]
+
+    def allocate_lookahead(self, request: Request, num_drafts: int) -> list[int] | None:
+        """Pages for `request`'s next token and the `num_drafts` drafts a draft model writes
+        before the step that verifies them: the page ids added, or None when too few are free
+        (no drafts then, never a preemption)."""
+        new_blocks = self.kv_cache_manager.allocate_slots(request, 1 + num_drafts)
+        return None if new_blocks is None else [b.block_id for b in new_blocks]
 
     def _pick_victim(self) -> Request:
         if self.config.policy == "priority":

@@ -62,3 +62,17 @@ def test_without_pipelining_no_tokens_are_sent():
     _sample(sched, sched.schedule(), 5)
     (cached,) = sched.schedule().scheduled_cached_reqs
     assert cached.new_token_ids == []
+
+
+def test_the_stages_come_from_the_constructor_and_a_step_may_run_alone():
+    """`pipeline_stages` sets the split; a step scheduled to run alone (a speculating one) takes
+    every request, and without pipelining the steps in flight change nothing."""
+    from inferengine.config import CacheConfig, SchedulerConfig
+    from inferengine.core.scheduler import Scheduler
+
+    for stages, depth, expected in ((2, None, 2), (2, 1, 4), (1, 2, 4)):
+        sched = Scheduler(SchedulerConfig(), CacheConfig(num_blocks=64), pipeline_stages=stages)
+        assert (sched.pipelined, sched.pipeline_depth) == (stages > 1, stages)
+        for i in range(4):
+            sched.add_request(make_request(f"r{i}", [1, 2, 3]))
+        assert len(sched.schedule(depth).num_scheduled_tokens) == expected

@@ -95,3 +95,17 @@ def test_drafts_after_a_token_on_its_way_start_one_position_later():
     assert request.num_computed_tokens == 17 and request.num_tokens == 18
     assert request.num_output_placeholders == 0
     assert sched.spec_stats.num_accepted_tokens_per_pos[:3] == [1, 0, 0]
+
+
+def test_lookahead_pages_for_a_draft_model_never_preempt():
+    """A draft model writes its drafts' KV before the step that verifies them: the scheduler
+    gives the request pages for its next token and the drafts, or none when too few are free."""
+    sched = make_scheduler(num_blocks=4, block_size=8)  # 3 usable pages
+    request = _prefilled(sched)
+    assert sched.kv_cache_manager.get_block_ids("a") == [1, 2]
+    # 14 computed, the next token and 3 drafts: 18 positions, a third page.
+    assert sched.allocate_lookahead(request, 3) == [3]
+    assert sched.allocate_lookahead(request, 3) == []  # held already
+    assert sched.allocate_lookahead(request, 10) is None  # 25 positions: a fourth page
+    assert sched.kv_cache_manager.get_block_ids("a") == [1, 2, 3]
+    assert request in sched.running and sched.num_preemptions == 0
