@@ -55,11 +55,6 @@ class ModelNotFoundError(InferEngineError):
     error_type = "not_found_error"
 
 
-class AuthenticationError(InferEngineError):
-    status_code = 401
-    error_type = "authentication_error"
-
-
 class OverloadedError(InferEngineError):
     """The waiting queue is full; the client should retry later."""
 

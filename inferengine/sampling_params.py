@@ -240,10 +240,6 @@ class SamplingParams:
     def all_stop_token_ids(self) -> set[int]:
         return set(self.stop_token_ids) | set(self.extra_stop_token_ids)
 
-    @property
-    def max_logprobs_needed(self) -> int:
-        return self.logprobs or 0
-
     def verify_vocab(self, vocab_size: int) -> None:
         """Token ids the caller named must exist in the model's vocabulary."""
         for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", self.logit_bias)):

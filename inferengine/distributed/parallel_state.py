@@ -115,20 +115,7 @@ def tp_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
-def tp_min(value: int) -> int:
-    """The smallest of every tensor-parallel rank's `value` (host-side)."""
-    if _tp.size == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=_tp.cpu_group)
-    return int(t.item())
-
-
 # ---- pipeline parallel ---------------------------------------------------------------------
-
-
-def get_pp_rank() -> int:
-    return _pp.rank
 
 
 def get_pp_size() -> int:

@@ -8,7 +8,6 @@ when the consumer lags). A caller that stops listening aborts its request.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -106,7 +105,6 @@ class AsyncLLM:
         self.start_time = time.time()
         self.ready_info: dict[str, Any] = {}
         self._handler: asyncio.Task | None = None
-        self._ids = itertools.count()
 
     def _make_client(self, config: EngineConfig) -> Any:
         """The engine-core client: one process here; `DataParallelLLM` gives its replicas'."""
@@ -137,9 +135,6 @@ class AsyncLLM:
         return len(self.collectors)
 
     # ---- requests ----------------------------------------------------------------------
-
-    def new_request_id(self, prefix: str = "req") -> str:
-        return f"{prefix}-{next(self._ids)}-{int(time.time() * 1000)}"
 
     async def generate(
         self,

@@ -52,7 +52,3 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.tokens)
         self.output_text += delta
         return delta
-
-    def decode_token(self, token_id: int) -> str:
-        """One token on its own, for logprob listings."""
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)

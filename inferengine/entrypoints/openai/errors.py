@@ -46,11 +46,6 @@ class ServiceUnavailableError(InferEngineError):
     error_type = "service_unavailable"
 
 
-class RequestTooLargeError(InferEngineError):
-    status_code = 413
-    error_type = "request_too_large"
-
-
 def error_body(
     message: str, error_type: str, status: int, param: str | None = None, code: Any = None
 ) -> dict[str, Any]:

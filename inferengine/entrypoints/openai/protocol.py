@@ -407,14 +407,3 @@ class GenerateResponse(_Model):
     prompt_token_ids: list[int] | None = None
     choices: list[GenerateChoice]
     usage: UsageInfo | None = None
-
-
-class ErrorInfo(_Model):
-    message: str
-    type: str
-    param: str | None = None
-    code: int | str | None = None
-
-
-class ErrorResponse(_Model):
-    error: ErrorInfo

@@ -15,7 +15,6 @@ import numpy as np
 
 SOURCE_FILE = "model.gguf"
 SOURCE_INDEX = "model.gguf.json"
-_FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
 @dataclass(frozen=True)
@@ -71,16 +70,3 @@ class GGUFSource:
             self._file = np.memmap(self.path, dtype=np.uint8, mode="r")
         raw = self._file[tensor.offset : tensor.offset + tensor.nbytes]
         return raw.reshape(tensor.shape[0], -1) if len(tensor.shape) == 2 else raw
-
-
-def stores_quantized_weights(folder: Path) -> bool:
-    """The GGUF kept in converted `folder` holds most of its 2-D weights in quantized types:
-    bf16 arithmetic then loses nothing that its 4-8-bit weights had."""
-    if not has_source(folder):
-        return False
-    quantized = total = 0
-    for t in GGUFSource(folder).tensors.values():
-        if len(t.shape) == 2:
-            total += t.shape[0] * t.shape[1]
-            quantized += t.shape[0] * t.shape[1] * (t.type not in _FLOAT_TYPES)
-    return 2 * quantized > total
