@@ -10,7 +10,24 @@ executor (`Executor.propose_drafts`), with the same caps decided by the engine c
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from inferengine.sampling_params import SamplingParams
+
+
+def may_speculate(params: SamplingParams, num_output_tokens: int) -> bool:
+    """Whether a request's next tokens may be drafted and verified, having `num_output_tokens`
+    (those on their way included): not when its sampling depends on earlier draws or tokens
+    (seeded sampling, whose draws must stay those of plain decoding; penalties; a pending
+    `min_tokens`) or it reports something per sampled token (logprobs). The engine core drafts
+    by this rule; the worker counts on it when it verifies."""
+    return (
+        (params.seed is None or params.greedy)
+        and params.logprobs is None
+        and not params.uses_penalties
+        and num_output_tokens >= params.min_tokens
+    )
 
 
 class TokenProposer(Protocol):

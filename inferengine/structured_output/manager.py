@@ -16,14 +16,18 @@ import concurrent.futures
 import os
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from inferengine.core.request import Request
+from inferengine.core.request import Request, RequestStatus
 from inferengine.logger import init_logger
 from inferengine.structured_output.grammar import grammar_text, make_tokenizer, mask_width
 from inferengine.tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    from inferengine.core.engine_io import EngineCoreOutputs
+    from inferengine.core.scheduler import Scheduler
 
 logger = init_logger(__name__)
 
@@ -198,6 +202,33 @@ class StructuredOutputManager:
                 logger.warning("request %s: the grammar refused token %d", req_id, token_id)
                 return False, True
         return True, matcher.is_stopped()
+
+    def advance(self, outputs: EngineCoreOutputs, scheduler: Scheduler) -> None:
+        """Feed a step's sampled tokens to the matchers. A complete grammar allows only the end
+        of text, so its request stops there like any other (the same tokens with and without
+        speculation); one that cannot stop on EOS (`ignore_eos`) is ended by the grammar. A
+        grammar that refused a token (only if masks and tokens went apart) ends its request
+        with an error."""
+        for out in outputs.outputs:
+            took, complete = self.accept(out.request_id, out.new_token_ids)
+            request = scheduler.requests.get(out.request_id)
+            stops_itself = (
+                request is not None
+                and request.eos_token_id is not None
+                and not request.sampling_params.ignore_eos
+            )
+            if out.finish_reason is None and complete and not (took and stops_itself):
+                status = RequestStatus.FINISHED_STOPPED if took else RequestStatus.FINISHED_ABORTED
+                (request,) = scheduler.finish_requests([out.request_id], status) or [None]
+                if request is not None:
+                    out.finish_reason = request.finish_reason
+                if not took:
+                    outputs.errors = {
+                        **outputs.errors,
+                        out.request_id: "the grammar refused a token",
+                    }
+            if out.finish_reason is not None:
+                self.finish(out.request_id)
 
     def finish(self, req_id: str) -> None:
         self.matchers.pop(req_id, None)

@@ -44,7 +44,7 @@ def _run(path: str, spec: dict | None, **kwargs):
     assert pool.num_free_blocks == pool.num_usable_blocks
     tokens = [[(c.token_ids, c.finish_reason) for c in o.outputs] for out in outputs for o in out]
     logprobs = [o.outputs[0].logprobs for out in outputs for o in out]
-    return tokens, logprobs, core.scheduler.spec_stats, core.num_steps_drafted_ahead
+    return tokens, logprobs, core.scheduler.spec_stats, core.spec.num_steps_drafted_ahead
 
 
 @pytest.mark.parametrize(
@@ -163,7 +163,7 @@ def test_a_batch_the_policy_turns_off_runs_as_plain_async_decoding(tiny_checkpoi
     """k = 0 for the whole batch: no draft, the proposer only probed now and then (a few
     requests every PROBE_EVERY steps), and steps go back to async scheduling (the next step is
     launched before the last one is collected)."""
-    from inferengine.engine.core import PROBE_EVERY, PROBE_REQUESTS
+    from inferengine.spec_decode.coordinator import PROBE_EVERY, PROBE_REQUESTS
     from inferengine.spec_decode.draft_policy import DraftLengthPolicy
     from inferengine.spec_decode.ngram import NgramProposer
 
@@ -200,7 +200,7 @@ def test_a_batch_the_policy_turns_off_runs_as_plain_async_decoding(tiny_checkpoi
     assert core.scheduler.spec_stats.num_drafts == 0
     assert sum(overlapped) > len(overlapped) // 2
     assert 0 < len(calls) <= (len(overlapped) // PROBE_EVERY + 1) * PROBE_REQUESTS
-    assert not proposed and not core.proposer._indexes  # probes build no index
+    assert not proposed and not core.spec.proposer._indexes  # probes build no index
 
 
 def test_a_batch_with_nothing_to_draft_stops_speculating_at_once(tiny_checkpoint):
@@ -212,13 +212,13 @@ def test_a_batch_with_nothing_to_draft_stops_speculating_at_once(tiny_checkpoint
     llm = LLM(path, max_model_len=256, speculative_config=spec)
     core = llm.llm_engine.core
     speculated = []
-    plan = core._plan_speculation
+    plan = core.spec.plan
 
     def watching(flag, so, ro):
         speculated.append(flag)
         return plan(flag, so, ro)
 
-    core._plan_speculation = watching
+    core.spec.plan = watching
     g = torch.Generator().manual_seed(9)
     prompts = [{"prompt_token_ids": torch.randint(2, 320, (30,), generator=g).tolist()}
                for _ in range(16)]  # fmt: skip
@@ -230,9 +230,9 @@ def test_a_batch_with_nothing_to_draft_stops_speculating_at_once(tiny_checkpoint
 def test_a_step_verifies_at_most_max_drafts_per_step(tiny_checkpoint, monkeypatch):
     """The drafts of one step stay within the logits rows start-up reserved memory for
     (MAX_DRAFTS_PER_STEP, here lowered to 5): the same tokens, fewer drafts a step."""
-    import inferengine.engine.core as core_module
+    import inferengine.spec_decode.coordinator as coordinator
 
-    monkeypatch.setattr(core_module, "MAX_DRAFTS_PER_STEP", 5)
+    monkeypatch.setattr(coordinator, "MAX_DRAFTS_PER_STEP", 5)
     path = str(tiny_checkpoint("llama3-tied"))
     plain, _, _, _ = _run(path, None)
     llm = LLM(path, max_model_len=256, speculative_config=SPEC)

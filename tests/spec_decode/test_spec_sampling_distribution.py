@@ -109,7 +109,7 @@ def engines(cycle_model):
     requests of a step may draft (the default cap on drafts a step is lower)."""
     path, _ = cycle_model
     with pytest.MonkeyPatch.context() as mp:
-        for module in ("inferengine.config", "inferengine.engine.core"):
+        for module in ("inferengine.config", "inferengine.spec_decode.coordinator"):
             mp.setattr(f"{module}.MAX_DRAFTS_PER_STEP", 512 * SPEC["num_speculative_tokens"])
         plain = LLM(path, max_model_len=64, max_num_seqs=512)
         spec = LLM(path, max_model_len=64, max_num_seqs=512, speculative_config=SPEC)

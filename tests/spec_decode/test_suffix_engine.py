@@ -51,5 +51,5 @@ def test_finished_requests_reach_the_cache_with_their_whole_text(tiny_checkpoint
     out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
     answer = list(out.outputs[0].token_ids)
     assert seen == [(prompt + answer, len(prompt))]
-    proposer = llm.llm_engine.core.proposer
+    proposer = llm.llm_engine.core.spec.proposer
     assert proposer.propose([7, 7, *answer[:20]], 4, "new") == answer[20:24]
