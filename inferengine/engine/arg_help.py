@@ -8,7 +8,8 @@ ENGINE_HELP = {
     "models, on a CPU with native bf16 (AVX512-BF16/AMX); float32 otherwise",
     "max_model_len": "longest prompt + output, in tokens (default: the model's context length)",
     "max_num_seqs": "most requests in one step",
-    "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes)",
+    "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes) (default: "
+    "8192 on CUDA, 2048 on the CPU)",
     "enable_prefix_caching": "reuse the KV pages of shared prompt prefixes",
     "gpu_memory_utilization": "fraction of GPU memory for weights, activations and KV cache "
     "(CUDA only)",

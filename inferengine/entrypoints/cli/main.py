@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from inferengine.version import __version__
@@ -15,6 +16,62 @@ SUBCOMMAND_MODULES = (
     "inferengine.entrypoints.cli.run_batch",
     "inferengine.bench.cli",
 )
+
+
+# Help that already says what its flag's default is: "(default: the model's)", "by default".
+_STATES_DEFAULT = re.compile(r"\(default|default:|by default|default \d", re.IGNORECASE)
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Ends each flag's help with its default, "(default: 256)", as vLLM's --help does, unless
+    the help says it in words (what a flag left unset means)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "%(default)" in text
+            or _STATES_DEFAULT.search(text)
+            or default is argparse.SUPPRESS
+            or action.required
+            or isinstance(action, (argparse._HelpAction, argparse._VersionAction))
+            or (not action.option_strings and action.nargs not in ("?", "*"))
+        ):
+            return action.help
+        return f"{text} (default: {_shown(default)})"
+
+
+def _shown(default: object) -> str:
+    """A default as help shows it (escaped for argparse's %-formatting)."""
+    if default is None:
+        return "none"
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    return str(default).replace("%", "%%")
+
+
+class RawDescriptionDefaultsHelpFormatter(
+    DefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter
+):
+    """The above, for parsers whose description and epilog are laid out by hand."""
+
+
+def show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Give `parser` and every subcommand parser under it the formatters above (a flag without
+    help text gets one that is just its default: argparse lists no help line otherwise)."""
+    raw = issubclass(parser.formatter_class, argparse.RawDescriptionHelpFormatter)
+    parser.formatter_class = RawDescriptionDefaultsHelpFormatter if raw else DefaultsHelpFormatter
+    for action in parser._actions:
+        if (
+            action.help is None
+            and action.option_strings
+            and not action.required
+            and action.default is not argparse.SUPPRESS
+        ):
+            action.help = f"default: {_shown(action.default)}"
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                show_defaults(subparser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # subcommand not built yet
             raise
         module.register(subparsers)
+    show_defaults(parser)
     return parser
 
 
