@@ -20,12 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "inferengine"
 # Circles still being cut, each a set of modules (without the "inferengine." prefix). A circle
 # found inside one of these sets passes; an entry that no longer matches anything is harmless,
 # but delete it when its circle is gone: this list should be empty.
-ALLOWED_CYCLES: list[frozenset[str]] = [
-    # The runner's helpers type-check against the runner (`ModelRunner`, `RequestState`); the
-    # worker/pending_step.py refactor for speculation moves those types out of model_runner.py.
-    frozenset({"worker.model_runner", "worker.cuda_graphs", "worker.pending_step",
-               "worker.grammar_mask"}),
-]  # fmt: skip
+ALLOWED_CYCLES: list[frozenset[str]] = []
 
 # The bottom room: typed configs, request params, errors, env vars, logging, outputs.
 BASE = {"config", "envs", "errors", "logger", "outputs", "retention", "sampling_params"}

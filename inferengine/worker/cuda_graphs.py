@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,7 +24,10 @@ from inferengine.attention.metadata import AttentionMetadata
 from inferengine.logger import init_logger
 
 if TYPE_CHECKING:
-    from inferengine.worker.model_runner import ModelRunner
+    from inferengine.worker.input_batch import InputBuffers
+
+# The model's forward over the KV cache: (input ids, positions, metadata) -> hidden states.
+Forward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
 
 logger = init_logger(__name__)
 
@@ -67,15 +71,19 @@ class CudaGraphRunner:
 
     def __init__(
         self,
-        runner: ModelRunner,
+        buffers: InputBuffers,
+        max_model_len: int,
+        forward: Forward,
         decode_sizes: list[int],
         mixed_sizes: list[int],
         capture: bool = True,
         verify_len: int = 1,
     ):
-        self.runner = runner
+        self.buffers = buffers
+        self.max_model_len = max_model_len
+        self.forward = forward
         self.use_graphs = capture
-        max_seqs = runner.buffers.max_num_seqs
+        max_seqs = buffers.max_num_seqs
         self.decode_sizes = sorted(decode_sizes)
         self.mixed_sizes = sorted(mixed_sizes)
         self.shapes = {("decode", b): GraphShape("decode", b, b, 1) for b in self.decode_sizes}
@@ -83,7 +91,7 @@ class CudaGraphRunner:
             self.shapes[("mixed", t)] = GraphShape("mixed", t, min(t, max_seqs), t)
         # Verify steps: each sequence scores its next token and up to verify_len - 1 drafts.
         self.verify_len = verify_len
-        max_tokens = min(runner.buffers.max_num_tokens, MAX_MIXED_GRAPH_TOKENS)
+        max_tokens = min(buffers.max_num_tokens, MAX_MIXED_GRAPH_TOKENS)
         self.verify_sizes = (
             [b for b in self.decode_sizes if b * verify_len <= max_tokens] if verify_len > 1 else []
         )
@@ -113,11 +121,11 @@ class CudaGraphRunner:
     def metadata(self, shape: GraphShape) -> AttentionMetadata:
         md = self._metadata.get(shape.key)
         if md is None:
-            b = self.runner.buffers
+            b = self.buffers
             md = AttentionMetadata(
                 num_actual_tokens=shape.num_tokens,
                 max_query_len=shape.max_query_len,
-                max_seq_len=self.runner.max_model_len,
+                max_seq_len=self.max_model_len,
                 query_start_loc=b.query_start_loc[: shape.num_seqs + 1],
                 seq_lens=b.seq_lens[: shape.num_seqs],
                 block_table=b.block_table_dev[: shape.num_seqs],
@@ -127,16 +135,16 @@ class CudaGraphRunner:
         return md
 
     def _forward(self, shape: GraphShape) -> torch.Tensor:
-        b = self.runner.buffers
+        b = self.buffers
         n = shape.num_tokens
         metadata = self.metadata(shape)
         metadata.per_step.clear()  # this metadata serves every step of its shape
-        return self.runner.model(b.input_ids[:n], b.positions[:n], self.runner.kv_caches, metadata)
+        return self.forward(b.input_ids[:n], b.positions[:n], metadata)
 
     @torch.inference_mode()
     def capture(self) -> float:
         start = time.perf_counter()
-        b = self.runner.buffers
+        b = self.buffers
         # Dummy inputs: every token unowned and writing nowhere, every sequence empty.
         b.input_ids.zero_()
         b.positions.zero_()

@@ -4,27 +4,22 @@ becomes -inf), on the logits' device and without waiting for the host."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
-
-if TYPE_CHECKING:
-    from inferengine.worker.model_runner import RequestState
 
 
 def apply_grammar_bitmask(
     logits: torch.Tensor,
     req_ids: list[str],
     bitmask: bytes,
-    states: list[RequestState],
+    sample_req_ids: list[str],
     num_drafts: list[int],
 ) -> None:
-    """Mask `logits` ([sum(1 + drafts_i), vocab], one block of rows per sampling state) in
-    place at every position (drafts included) of the requests `req_ids`, whose packed rows
-    `bitmask` holds in that order."""
+    """Mask `logits` ([sum(1 + drafts_i), vocab], one block of rows per sampling request of
+    `sample_req_ids`) in place at every position (drafts included) of the requests `req_ids`,
+    whose packed rows `bitmask` holds in that order."""
     first_row = np.cumsum([0, *(1 + d for d in num_drafts)])[:-1]
-    block = {s.req_id: (int(first_row[i]), 1 + num_drafts[i]) for i, s in enumerate(states)}
+    block = {r: (int(first_row[i]), 1 + num_drafts[i]) for i, r in enumerate(sample_req_ids)}
     rows = [row for r in req_ids for row in range(block[r][0], sum(block[r]))]
     num_words = len(bitmask) // 4
     # The words and then the row numbers, in one page-locked buffer: one copy that does not

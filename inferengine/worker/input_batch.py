@@ -1,14 +1,43 @@
 """Persistent input buffers: per-request rows of token ids and block ids, and the staging
 buffers one step's inputs are built in (numpy views of pinned memory, copied to the device
-asynchronously). Nothing here is allocated per step.
+asynchronously), with each request's state beside its row. Nothing here is allocated per step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from inferengine.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class RequestState:
+    """What the model runner keeps of a request between steps."""
+
+    req_id: str
+    row: int  # persistent row in the input buffers (-1 once the request has left)
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    num_tokens: int  # prompt + output tokens known so far
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    num_blocks: int
+    num_computed_tokens: int
+    generator: torch.Generator | None
+
+
+def append_tokens(token_buffer: np.ndarray, state: RequestState, tokens: list[int]) -> None:
+    """Add a request's new tokens to its state and its row of the token buffer (tokens past
+    the buffer's width, which no step reads, are counted but not stored)."""
+    state.output_token_ids.extend(tokens)
+    end = min(state.num_tokens + len(tokens), token_buffer.shape[1])
+    token_buffer[state.row, state.num_tokens : end] = tokens[: end - state.num_tokens]
+    state.num_tokens += len(tokens)
 
 
 @dataclass

@@ -9,6 +9,7 @@ runs.
 from __future__ import annotations
 
 import functools
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,44 +29,19 @@ from inferengine.model.loader.loader import TORCH_DTYPES
 from inferengine.sample.metadata import build_sampling_metadata
 from inferengine.sample.rejection_sampler import NO_TOKEN, rejection_sample
 from inferengine.sample.sampler import Sampler, SamplerOutput, gather_logprobs
-from inferengine.sampling_params import SamplingParams
+from inferengine.spec_decode.base import may_speculate
 from inferengine.spec_decode.draft_model import DraftModelProposer, DraftRequest
 from inferengine.worker.cuda_graphs import CudaGraphRunner, GraphShape
 from inferengine.worker.grammar_mask import apply_grammar_bitmask
-from inferengine.worker.input_batch import InputBuffers, StepLayout
+from inferengine.worker.input_batch import InputBuffers, RequestState, StepLayout, append_tokens
 from inferengine.worker.kv_offload import HostKVTier
-from inferengine.worker.pending_step import (
-    DeferredSampling,
-    PendingStep,
-    SpecResult,
-    append_tokens,
-)
-
-
-@dataclass(slots=True)
-class RequestState:
-    req_id: str
-    row: int  # persistent row in the input buffers
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    num_tokens: int  # prompt + output tokens known so far
-    sampling_params: SamplingParams
-    eos_token_id: int | None
-    num_blocks: int
-    num_computed_tokens: int
-    generator: torch.Generator | None
+from inferengine.worker.pending_step import DeferredSampling, PendingStep, SpecResult
 
 
 def _plain_greedy(state: RequestState) -> bool:
     """Greedy, and nothing changes its logits or asks for logprobs: argmax alone decides."""
     p = state.sampling_params
-    return (
-        p.greedy
-        and p.logprobs is None
-        and not p.logit_bias
-        and not p.uses_penalties
-        and len(state.output_token_ids) >= p.min_tokens
-    )
+    return p.greedy and not p.logit_bias and may_speculate(p, len(state.output_token_ids))
 
 
 @dataclass
@@ -106,6 +82,9 @@ class ModelRunner:
         )
         self.graphs: CudaGraphRunner | None = None
         self._last: PendingStep | None = None  # the last launched step
+        # Launched steps whose tokens are not yet in the request state, oldest first, each with
+        # its sampling rows' states: added once resolved (`_apply_resolved`).
+        self._unapplied: deque[tuple[PendingStep, list[RequestState]]] = deque()
         self._last_index: dict[str, int] = {}  # request -> its row in that step's samples
         # Hidden states at the last step's sampling positions, for model proposers.
         self._last_hidden: torch.Tensor | None = None
@@ -113,6 +92,21 @@ class ModelRunner:
         self.host_tier: HostKVTier | None = None  # the CPU tier, set by the worker
 
     # ---- state -------------------------------------------------------------------------
+
+    def _apply_resolved(self) -> None:
+        """Add the tokens of the steps resolved since the last call to their requests' state
+        (a request that finished meanwhile keeps no state)."""
+        kept: deque[tuple[PendingStep, list[RequestState]]] = deque()
+        while self._unapplied:
+            pending, states = self._unapplied.popleft()
+            if not pending.resolved:
+                kept.append((pending, states))
+                continue
+            tokens = pending.output.sampled_token_ids
+            for row, state in zip(pending.sample_rows, states, strict=True):
+                if state.row >= 0:
+                    append_tokens(self.buffers.token_ids, state, tokens[row])
+        self._unapplied = kept
 
     def _update_states(self, so: SchedulerOutput) -> None:
         buffers = self.buffers
@@ -240,7 +234,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        return self.execute_model_async(so).resolve()
+        output = self.execute_model_async(so).resolve()
+        self._apply_resolved()
+        return output
 
     @torch.inference_mode()
     def execute_model_async(self, so: SchedulerOutput) -> PendingStep | DeferredSampling:
@@ -249,11 +245,12 @@ class ModelRunner:
         A decode whose previous token is still on its way takes it straight from the device.
         With `so.grammar_deferred`, sampling waits for the grammar masks (`provide_grammar`).
         """
+        self._apply_resolved()
         self._update_states(so)
         if self.host_tier is not None:
             self.host_tier.copy(self.kv_caches, so.kv_offloads, so.kv_loads, so.kv_writebacks)
         if so.is_empty:
-            return PendingStep(ModelRunnerOutput([], []), [], [], None, self.buffers.token_ids)
+            return PendingStep(ModelRunnerOutput([], []), [], [], None)
         self._resolve_if_history_needed(so)
         inputs = self._prepare_inputs(so)
         self._fill_pending_tokens(inputs)
@@ -264,7 +261,7 @@ class ModelRunner:
         hidden = self._forward(inputs)
         if hidden is None:  # an earlier pipeline stage: the last one samples
             self._last, self._last_index = None, {}
-            return PendingStep(output, [], [], None, self.buffers.token_ids)
+            return PendingStep(output, [], [], None)
         logits = None
         if inputs.sample_rows:
             rows = self.buffers.stage_logits_indices(inputs.logits_rows)
@@ -291,6 +288,7 @@ class ModelRunner:
         grammar_bitmask: bytes,
     ) -> PendingStep:
         """Sample the step's logits (masked by the grammars of `grammar_req_ids`)."""
+        self._apply_resolved()  # penalties and min_tokens read the tokens so far
         result = spec = None
         if logits is not None:
             if grammar_req_ids:
@@ -298,17 +296,17 @@ class ModelRunner:
                     logits,
                     grammar_req_ids,
                     grammar_bitmask,
-                    states,
+                    [s.req_id for s in states],
                     [len(d) for d in inputs.drafts],
                 )
             if any(inputs.drafts):
                 result, spec = self._verify_drafts(logits, states, inputs.drafts)
             else:
                 result = self.sampler(logits, self._metadata(states))
-        pending = PendingStep(
-            output, inputs.sample_rows, states, result, self.buffers.token_ids, spec
-        )
+        num_logprobs = [s.sampling_params.logprobs for s in states]
+        pending = PendingStep(output, inputs.sample_rows, num_logprobs, result, spec)
         pending.graph_size = inputs.graph_shape.num_tokens if inputs.graph_shape else None
+        self._unapplied.append((pending, states))
         self._last = pending
         self._last_index = {s.req_id: i for i, s in enumerate(states)}
         return pending
@@ -402,6 +400,7 @@ class ModelRunner:
         assert self.drafter is not None, "no draft model: the method drafts in the engine core"
         if self._last is not None:
             self._last.resolve()
+        self._apply_resolved()
         requests = []
         for req_id, (k, new_block_ids) in wanted.items():
             state = self.requests[req_id]
@@ -419,7 +418,7 @@ class ModelRunner:
 
     def _resolve_if_history_needed(self, so: SchedulerOutput) -> None:
         """Penalties and min_tokens need every earlier token on the host: wait for them."""
-        if self._last is None or self._last._resolved:
+        if self._last is None or self._last.resolved:
             return
         for req_id in so.num_scheduled_tokens:
             state = self.requests[req_id]
@@ -428,6 +427,7 @@ class ModelRunner:
                 p.uses_penalties or p.min_tokens > len(state.output_token_ids)
             ):
                 self._last.resolve()
+                self._apply_resolved()
                 return
 
     def _fill_pending_tokens(self, inputs: StepInputs) -> None:
@@ -472,6 +472,12 @@ class ModelRunner:
         """Pad steps to captured shapes and capture a graph for each (unless `capture` is
         False); returns the seconds it took."""
         self.graphs = CudaGraphRunner(
-            self, decode_sizes, mixed_sizes, capture, verify_len=1 + self.max_drafts
+            self.buffers,
+            self.max_model_len,
+            lambda ids, positions, md: self.model(ids, positions, self.kv_caches, md),
+            decode_sizes,
+            mixed_sizes,
+            capture,
+            verify_len=1 + self.max_drafts,
         )
         return self.graphs.capture() if capture else 0.0

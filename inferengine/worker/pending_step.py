@@ -1,8 +1,9 @@
 """`PendingStep`: a launched step whose sampled tokens are still on their way to the host.
 
 The sampled ids (and logprobs) are copied into pinned memory without waiting; `resolve()`
-waits for that copy only, appends the tokens to the runner's request state and returns the
-`ModelRunnerOutput`. With async scheduling the next step is launched before this one resolves.
+waits for that copy only and returns the `ModelRunnerOutput`: data, nothing else changes (the
+runner adds the tokens to its request state from it). With async scheduling the next step is
+launched before this one resolves.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from inferengine.core.sched_output import ModelRunnerOutput
 
 if TYPE_CHECKING:
     from inferengine.sample.sampler import SamplerOutput
-    from inferengine.worker.model_runner import RequestState
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
@@ -55,29 +55,21 @@ def accept_greedy(argmax: list[int], drafts: list[list[int]]) -> list[list[int]]
     return emitted
 
 
-def append_tokens(token_buffer, state: RequestState, tokens: list[int]) -> None:
-    """Add a request's new tokens to its state and its row of the token buffer (tokens past
-    the buffer's width, which no step reads, are counted but not stored)."""
-    state.output_token_ids.extend(tokens)
-    end = min(state.num_tokens + len(tokens), token_buffer.shape[1])
-    token_buffer[state.row, state.num_tokens : end] = tokens[: end - state.num_tokens]
-    state.num_tokens += len(tokens)
-
-
 class PendingStep:
+    """`sample_rows`: the batch rows that sample (`output.req_ids[row]`), with the logprobs
+    each asks for (`num_logprobs`, None: none)."""
+
     def __init__(
         self,
         output: ModelRunnerOutput,
         sample_rows: list[int],
-        states: list[RequestState],
+        num_logprobs: list[int | None],
         result: SamplerOutput | None,
-        token_buffer,
         spec: SpecResult | None = None,
     ):
         self.output = output
         self.sample_rows = sample_rows
-        self.states = states
-        self.token_buffer = token_buffer
+        self.num_logprobs = num_logprobs
         self.graph_size: int | None = None  # the CUDA graph this step replayed, if any
         self._resolved = False
         self.sampled_device = result.sampled if result is not None else None
@@ -109,8 +101,12 @@ class PendingStep:
         unless it samples nothing here."""
         assert not req_ids, "grammar masks for a step that samples nothing here"
 
+    @property
+    def resolved(self) -> bool:
+        return self._resolved
+
     def resolve(self) -> ModelRunnerOutput:
-        """Wait for the sampled ids, fold them into the request state (once), return them."""
+        """Wait for the sampled ids and return the step's output (filled once)."""
         if self._resolved:
             return self.output
         self._resolved = True
@@ -133,16 +129,12 @@ class PendingStep:
 
     def _fold(self, emitted: list[list[int]], logprobs: list | None) -> ModelRunnerOutput:
         out = self.output
-        for i, (row, state) in enumerate(zip(self.sample_rows, self.states, strict=True)):
-            tokens = emitted[i]
-            out.sampled_token_ids[row] = tokens
-            if state.row >= 0:  # a request that finished meanwhile keeps no state
-                append_tokens(self.token_buffer, state, tokens)
-            num_top = state.sampling_params.logprobs
+        for i, (row, num_top) in enumerate(zip(self.sample_rows, self.num_logprobs, strict=True)):
+            out.sampled_token_ids[row] = emitted[i]
             j = i if self._result_row is None else self._result_row.get(i)
             if num_top is not None and logprobs is not None and j is not None:
                 ids, values, ranks = logprobs
-                out.logprobs[state.req_id] = (
+                out.logprobs[out.req_ids[row]] = (
                     [ids[j][: 1 + num_top]],
                     [values[j][: 1 + num_top]],
                     [ranks[j]],
