@@ -164,7 +164,9 @@ def test_tool_round_trip(styled, stream):
         args = check_call(styled.style, call_id, call.function.name, call.function.arguments)
     assert reason == "tool_calls"
     # 2. the SDK's assistant message and the tool's result, back to the server
-    messages += [assistant, {"role": "tool", "tool_call_id": call_id, "content": RESULT}]
+    # (streamed: the result as a list of text parts, which the template gets joined)
+    result = [{"type": "text", "text": RESULT}] if stream else RESULT
+    messages += [assistant, {"role": "tool", "tool_call_id": call_id, "content": result}]
     if stream:
         answer, reason = streamed_turn(client, messages, max_tokens=16)
         content, calls = answer["content"], answer.get("tool_calls")
@@ -181,7 +183,7 @@ def test_tool_round_trip(styled, stream):
     # the wire carried the assistant turn as the SDK holds it: null content beside the call
     sent = styled.sent[-1]["messages"]
     assert sent[1]["content"] is None and sent[1]["tool_calls"][0]["id"] == call_id
-    assert sent[2] == {"role": "tool", "tool_call_id": call_id, "content": RESULT}
+    assert sent[2] == {"role": "tool", "tool_call_id": call_id, "content": result}
     # and the template wrote both into the prompt, in its own format
     with styled.server.client() as http:
         tokens = http.post("/tokenize", json={"messages": sent, "tools": TOOLS}).json()["tokens"]
