@@ -74,7 +74,7 @@ def templated_prompt(
     try:
         return processor.chat_prompt(messages, **template_kwargs)
     except InvalidRequestError as e:
-        cause = e.__cause__
+        cause = e.__cause__  # `apply_chat_template` raises from the template's own error
         if cause is None or not (calls_at or results_at):
             raise  # not a rendering failure, or nothing tool-related to render
         turns = [f"messages[{i}].tool_calls" for i in calls_at[:1]]
