@@ -1,6 +1,7 @@
 """The manual stays in step with the code: the generated CLI reference lists every flag of every
-subcommand with its default, and every link in the README (files and #anchors into docs/)
-resolves. `mkdocs build --strict` (in .ci/run) checks the links between docs pages."""
+subcommand with its default, the serving page's table of common flags gives the parser's
+defaults, and every link in the README (files and #anchors into docs/) resolves.
+`mkdocs build --strict` (in .ci/run) checks the links between docs pages."""
 
 from __future__ import annotations
 
@@ -83,6 +84,43 @@ def test_engine_flags_are_shared_and_listed_once(page):
     assert page.count("`--max-model-len`") == 1
     assert "## Engine flags {#engine-flags}" in page
     assert "`--kv-cache-memory` | size (2GiB, 512MB, bytes)" in page
+
+
+# ---- prose defaults against the parser ------------------------------------------------------
+
+
+def test_serving_defaults_table_matches_the_parser(hook):
+    """docs/serving.md's table of the flags most often changed: every literal default (a number,
+    `code`, none, on, off) is the parser's."""
+    serve = hook.parsers()[("serve",)]
+    defaults = {o: a.default for a in serve._actions for o in a.option_strings}
+    words = {"none": None, "on": True, "off": False}
+    checked = 0
+    for line in (DOCS / "serving.md").read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`--"):
+            continue
+        flags = re.findall(r"`(--[\w-]+)`", cells[0])
+        shown = [s.strip() for s in cells[1].split(",")]
+        if len(shown) == 1:
+            shown *= len(flags)
+        if len(shown) != len(flags):
+            continue
+        for flag, value in zip(flags, shown, strict=True):
+            assert flag in defaults, f"serving.md: {flag} is not a serve flag"
+            literal = re.fullmatch(r"`([^`]*)`|(\d+(?:\.\d+)?)(?: s)?|(none|on|off)", value)
+            if not literal:
+                continue  # described, not a literal: 'the model as given'
+            code, number, word = literal.groups()
+            want = defaults[flag]
+            if word:
+                assert want is words[word], f"serving.md: {flag} default {value}, parser {want!r}"
+            elif number:
+                assert float(number) == float(want), f"serving.md: {flag} {value}, parser {want!r}"
+            else:
+                assert code == str(want), f"serving.md: {flag} {value}, parser {want!r}"
+            checked += 1
+    assert checked >= 10
 
 
 # ---- README links --------------------------------------------------------------------------
