@@ -131,6 +131,12 @@ def _json_message(err: Any, doc: Any) -> str:
     return f"Invalid JSON body: {what} at line {line} column {column} (character {pos})."
 
 
+def _parse_failure(cause: BaseException) -> str:
+    if isinstance(cause, RecursionError):
+        return "its arrays or objects are nested too deeply"
+    return str(cause).split(";")[0]  # e.g. an integer of more digits than Python converts
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InferEngineError)
     async def _engine_error(request: Request, exc: InferEngineError) -> JSONResponse:
@@ -145,6 +151,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        cause = exc.__cause__
+        if exc.status_code == 400 and isinstance(cause, RecursionError | ValueError):
+            # A body FastAPI's JSON parser gave up on, beyond a syntax error: say why.
+            return status_response(400, f"Invalid JSON body: {_parse_failure(cause)}.")
         return status_response(exc.status_code, str(exc.detail))
 
     @app.exception_handler(Exception)

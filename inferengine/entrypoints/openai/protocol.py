@@ -9,9 +9,10 @@ as vLLM does.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -72,6 +73,41 @@ def unsupported_reason(name: str, value: Any) -> str | None:
     return entry[1]
 
 
+INT64_MAX = 2**63 - 1  # the engine's requests carry their integers as int64 (msgpack)
+
+# Arguments of the chat template's rendering (Transformers' `apply_chat_template` and ours), which
+# `chat_template_kwargs` (variables for the template) must not set: they would change what the
+# rendering returns or clash with the messages the request sends.
+_RENDERING_ARGUMENTS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "processor",
+        "tokenize",
+        "return_dict",
+        "return_tensors",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "padding",
+        "truncation",
+        "max_length",
+    }
+)
+
+
+def _template_variables(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    clash = sorted(set(value or ()) & _RENDERING_ARGUMENTS)
+    if clash:
+        raise ValueError(
+            f"{', '.join(clash)} cannot be set here: chat_template_kwargs holds variables for the "
+            "chat template, and these are set by the request itself or by the server."
+        )
+    return value
+
+
+TemplateKwargs = Annotated[dict[str, Any] | None, AfterValidator(_template_variables)]
+
+
 class StreamOptions(_Model):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's; refused when true
@@ -89,7 +125,7 @@ class SamplingFields(_Model):
     n: int = 1
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: int | None = Field(default=None, le=INT64_MAX)
     min_p: float | None = None
     repetition_penalty: float | None = None
     presence_penalty: float = 0.0
@@ -103,7 +139,7 @@ class SamplingFields(_Model):
     min_tokens: int = 0
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    priority: int = 0
+    priority: int = Field(default=0, ge=-INT64_MAX - 1, le=INT64_MAX)
     cache_salt: str | None = None
     # Sessions (`inferengine/retention.py`): OpenAI's name for the conversation, and how long
     # its KV pages outlive the request: "in_memory" (plain LRU) or a duration such as "1h".
@@ -181,7 +217,7 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: TemplateKwargs = None
 
 
 class GenerateRequest(SamplingFields):
@@ -369,7 +405,7 @@ class TokenizeRequest(_Model):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: TemplateKwargs = None
     return_token_strs: bool = False
 
 

@@ -35,7 +35,7 @@ def body_problem(body: bytes) -> InvalidRequestError | None:
         return None
     try:
         value = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deep: the route says so
         return None
     path = lone_surrogate_path(value)
     return None if path is None else lone_surrogate_error(path)

@@ -157,3 +157,38 @@ def test_huge_unknown_field_name_is_cut_in_the_header(client):
     response = client.post("/v1/completions", json=GOOD | {"x" * 1_000_000: 1})
     assert response.status_code == 200, response.text[:500]
     assert len(response.headers["x-unknown-fields"]) < 200
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"prompt": "hi", "max_tokens": 1' + b"0" * 5000 + b"}", "Exceeds the limit"),
+    ],
+    ids=["deep", "long-integer"],
+)
+def test_json_the_parser_gives_up_on_says_why(client, body, says):
+    error = assert_error(client.post("/v1/completions", content=body, headers=JSON), 400, None)
+    assert error["message"].startswith("Invalid JSON body: ") and says in error["message"], error
+
+
+@pytest.mark.parametrize(
+    ("url", "fields", "param"),
+    [
+        # Integers past int64 could not reach the engine (its requests are msgpack).
+        ("/v1/completions", {"top_k": 2**70}, "top_k"),
+        ("/v1/completions", {"priority": -(2**70)}, "priority"),
+        # Arguments of the template's rendering, not variables of the template.
+        (
+            "/v1/chat/completions",
+            {"chat_template_kwargs": {"messages": []}},
+            "chat_template_kwargs",
+        ),
+        ("/tokenize", {"chat_template_kwargs": {"return_dict": True}}, "chat_template_kwargs"),
+    ],
+    ids=["top_k", "priority", "chat-messages", "tokenize-return_dict"],
+)
+def test_values_that_broke_the_server_are_a_400(client, url, fields, param):
+    base = GOOD if url == "/v1/completions" else {"model": SERVED_NAME, "messages": [USER]}
+    error = assert_error(client.post(url, json=base | fields), 400, param)
+    assert error["type"] == "invalid_request_error"

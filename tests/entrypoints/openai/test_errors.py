@@ -134,7 +134,10 @@ def test_malformed_json(client):
     response = client.post(
         "/v1/completions", content=b"{not json", headers={"Content-Type": "application/json"}
     )
-    assert_error(response, 400)
+    error = assert_error(response, 400)
+    assert error["param"] is None  # not a character offset
+    assert error["message"].startswith("Invalid JSON body: Expecting property name"), error
+    assert "line 1 column 2" in error["message"], error
 
 
 def test_streamed_bad_request_fails_before_the_stream(client):
