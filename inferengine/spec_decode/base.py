@@ -1,10 +1,11 @@
 """The proposer interfaces of speculative decoding.
 
-Token proposers (n-gram, suffix) look only at token ids and run in the engine core: after each
-step it asks them for drafts for every request that may speculate and writes them to
-`request.spec_token_ids`. Model proposers (a draft model; later EAGLE-3 / MTP heads) run in
-the worker beside the target, take the target's hidden states and are driven through the
-executor (`Executor.propose_drafts`), with the same caps decided by the engine core.
+Token proposers (n-gram, suffix) look only at token ids and run in the engine core's process:
+after each step the speculation room (`coordinator.py`) asks them for drafts for every request
+that may speculate (`may_speculate`) and writes them to `request.spec_token_ids`. Model
+proposers (a draft model; later EAGLE-3 / MTP heads) run in the worker beside the target, take
+the target's hidden states and are driven through the executor (`Executor.propose_drafts`),
+with the same caps decided by the speculation room.
 """
 
 from __future__ import annotations
