@@ -21,7 +21,7 @@ from inferengine.engine.input_processor import InputProcessor
 from inferengine.engine.llm_engine import LLMEngine
 from inferengine.entrypoints.batch.formats import OUTPUT_COLUMNS, InputRow
 from inferengine.entrypoints.batch.resume import missing, row_key
-from inferengine.entrypoints.openai.errors import error_body, validation_message
+from inferengine.entrypoints.openai.errors import error_body, internal_message, validation_message
 from inferengine.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -258,5 +258,4 @@ def _error(exc: Exception) -> tuple[int, dict[str, Any]]:
     if isinstance(exc, InferEngineError):
         body = error_body(exc.message, exc.error_type, exc.status_code, exc.param, exc.code)
         return exc.status_code, body
-    message = f"internal error: {type(exc).__name__}: {exc}"
-    return 500, error_body(message, "internal_error", 500)
+    return 500, error_body(internal_message(exc), "internal_error", 500)

@@ -26,6 +26,7 @@ from inferengine.entrypoints.batch.formats import (
 )
 from inferengine.entrypoints.batch.mapping import Job, RowMapper
 from inferengine.entrypoints.batch.writers import Writer, open_writer
+from inferengine.entrypoints.openai.errors import log_internal_error
 from inferengine.errors import ConfigError, InferEngineError
 from inferengine.logger import init_logger
 
@@ -250,7 +251,7 @@ class BatchRunner:
             return
         self._internal_errors += 1
         if self._internal_errors <= _MAX_LOGGED_INTERNAL_ERRORS:
-            logger.error("a row failed with an internal error", exc_info=e)
+            log_internal_error("in a row", e)
 
 
 def _progress_bar(total: int | None) -> Any:

@@ -88,16 +88,21 @@ def internal_message(exc: BaseException) -> str:
     return f"internal error: {type(exc).__name__}: {excerpt(str(exc))}"
 
 
-def internal_error_response(path: str, exc: BaseException) -> JSONResponse:
-    """The 500 for a bug: logged once, with its traceback but only an excerpt of its message
-    (which may quote a client's value)."""
+def log_internal_error(where: str, exc: BaseException) -> None:
+    """A bug, logged with its traceback but only an excerpt of its message (which may quote a
+    client's value)."""
     frames = "".join(traceback.format_tb(exc.__traceback__))
     logger.error(
-        "internal error on %s: %s\nTraceback (most recent call last):\n%s",
-        excerpt(path),
+        "internal error %s: %s\nTraceback (most recent call last):\n%s",
+        where,
         internal_message(exc),
         frames.rstrip(),
     )
+
+
+def internal_error_response(path: str, exc: BaseException) -> JSONResponse:
+    """The 500 for a bug, logged once."""
+    log_internal_error(f"on {excerpt(path)}", exc)
     return status_response(500, internal_message(exc))
 
 
