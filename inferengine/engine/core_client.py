@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import multiprocessing
 import os
+import signal
 import tempfile
 import time
 import uuid
@@ -90,7 +91,7 @@ class AsyncMPClient:
                     self._mark_dead(_decode_any(payload))
                     raise EngineDeadError(f"the engine core failed to start: {self.dead_reason}")
             if not self.proc.is_alive():
-                self._mark_dead(f"exit code {self.proc.exitcode}")
+                self._mark_dead(exit_reason(self.proc.exitcode))
                 raise EngineDeadError(
                     f"the engine core process exited during start-up ({self.dead_reason})."
                 )
@@ -159,7 +160,7 @@ class AsyncMPClient:
     async def _watch_process(self) -> None:
         while self.dead_reason is None:
             if not self.proc.is_alive():
-                self._mark_dead(f"the process exited with code {self.proc.exitcode}")
+                self._mark_dead(exit_reason(self.proc.exitcode))
                 return
             await asyncio.sleep(0.2)
 
@@ -197,6 +198,16 @@ class AsyncMPClient:
             self.input_socket.close(linger=0)
             self.output_socket.close(linger=0)
             self.ctx.term()
+
+
+def exit_reason(exitcode: int | None) -> str:
+    """'exit code 1', or for a process a signal ended, 'exit code -9 (SIGKILL)'."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"exit code {exitcode} ({signal.Signals(-exitcode).name})"
+        except ValueError:
+            pass
+    return f"exit code {exitcode}"
 
 
 def _terminate(proc) -> None:

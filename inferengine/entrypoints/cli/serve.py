@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from inferengine import envs
 from inferengine.engine.arg_utils import EngineArgs
@@ -19,16 +19,22 @@ _SERVER_HELP = {
     "port": "port to listen on",
     "api_key": "require `Authorization: Bearer <key>` on the API routes (not /health, /metrics)",
     "max_request_body_bytes": "larger request bodies get 413",
-    "uvicorn_log_level": "uvicorn's log level (info prints one access line per request)",
+    "uvicorn_log_level": "uvicorn's log level",
+    "enable_access_log": "log one uvicorn access line per HTTP request (client, method, path, "
+    "status), /health and /metrics polls included (vLLM logs them unless "
+    "--disable-uvicorn-access-log); needs --uvicorn-log-level info or lower",
+    "disable_uvicorn_access_log": "vLLM's flag, for its command lines: no access log, even with "
+    "--enable-access-log",
     "enable_log_requests": "log one line per request: its id, prompt tokens and parameters",
     "disable_log_requests": "deprecated, does nothing: request logging is off by default",
     "max_log_len": "cut each logged request's parameters to this many characters",
     "max_n": "the largest n a request may ask for (OpenAI's limit is 128)",
     "max_request_seqs": "the most sequences (prompts x n) one request may ask for; "
     "0: 64 x --max-num-seqs",
-    "drain_timeout": "on SIGTERM, seconds from the signal to exit: new requests get 503, running "
-    "ones may finish; then open streams end with an error event and [DONE] (a second signal "
-    "ends the drain at once)",
+    "drain_timeout": "on SIGTERM, seconds from the signal to the process's exit (within 0.3 s; "
+    "sooner once nothing runs): new requests get 503, running ones may finish; then open "
+    "streams end with an error event and [DONE], and the engine stops (a second signal ends "
+    "the drain at once)",
     "enable_auto_tool_choice": 'serve tool_choice "auto" on chat (needs --tool-call-parser)',
     "tool_call_parser": "how to find tool calls in the model's text for tool_choice auto",
     "exclude_tools_when_tool_choice_none": 'leave tools out of the prompt with tool_choice "none"',
@@ -90,9 +96,29 @@ def run(args: argparse.Namespace) -> int:
         from inferengine.dp.ray_backend import import_ray
 
         import_ray()  # refused here, before the server starts, if Ray is missing
-    return asyncio.run(
-        run_server(engine_config, server_config, lambda state: print_banner(state, server_config))
+    exit_now(
+        asyncio.run(
+            run_server(
+                engine_config, server_config, lambda state: print_banner(state, server_config)
+            )
+        )
     )
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process once the server has stopped: the engine core is stopped and every request
+    answered, so run the exit handlers (log flushing, Ray's shutdown) and skip the interpreter's
+    teardown of torch and friends, which takes seconds on a busy host and would count against
+    --drain-timeout and delay a supervisor's restart after the engine died."""
+    import atexit
+    import logging
+    import os
+
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def print_banner(state: Any, config: ServerConfig) -> None:

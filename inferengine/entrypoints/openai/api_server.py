@@ -56,6 +56,12 @@ CUT_OFF_WAIT_S = 1.0  # after a drain's cut-off, how long its requests get to se
 # uvicorn's own grace when it stops: our drain has already ended every API request, so it only
 # closes idle connections (a short /health or /metrics call may still be running).
 UVICORN_GRACE_S = 1
+# What stopping takes once the drain's requests are ended (uvicorn's shutdown, the engine core's
+# exit, the process's): the drain cuts off this much before --drain-timeout, so that the whole
+# time from the signal to the process's exit is --drain-timeout.
+SHUTDOWN_RESERVE_S = 0.3
+ENGINE_WATCH_S = 0.1  # how often the server checks that its engine still runs
+DEAD_ENGINE_GRACE_S = 1.0  # once the engine died, how long failed requests get to say so
 
 
 def make_engine(config: EngineConfig, stat_loggers: list[StatLogger]) -> AsyncLLM:
@@ -100,8 +106,11 @@ class ServerState:
         self.cut_off = asyncio.Event()  # the drain's time is up: GateMiddleware ends requests
         self.started_at = time.time()
         self.on_ready: Callable[[ServerState], None] | None = None
+        # Called when the server cannot serve any more (the engine failed to start, or died):
+        # the runner stops the server with a non-zero exit code, for a supervisor to restart it.
         self.on_fatal: Callable[[str], None] | None = None
         self.handlers: Handlers | None = None
+        self._watcher: asyncio.Task | None = None
 
     async def start_engine(self) -> None:
         try:
@@ -114,7 +123,7 @@ class ServerState:
             self.status, self.error = "failed", f"{type(e).__name__}: {e}"
             logger.error("the engine failed to start: %s", self.error)
             if self.on_fatal is not None:
-                self.on_fatal(self.error)
+                self.on_fatal(f"the engine failed to start: {self.error}")
             return
         config = self.config
         log_requests = config.enable_log_requests
@@ -139,8 +148,26 @@ class ServerState:
             ServingTokens(engine, log_requests, limits),
         )
         self.status = "ready"
+        self._watcher = asyncio.create_task(self._watch_engine(engine))
         if self.on_ready is not None:
             self.on_ready(self)
+
+    async def _watch_engine(self, engine: AsyncLLM) -> None:
+        """Once the engine dies (with data-parallel replicas: once none is left), let the failed
+        requests send their error, then stop the server: it would answer 503 forever, where a
+        supervisor (systemd, Kubernetes) restarts a process that exits."""
+        while engine.is_running:
+            await asyncio.sleep(ENGINE_WATCH_S)
+        message = (
+            f"engine core died ({engine.dead_reason}); shutting down the API server so a "
+            "supervisor can restart it"
+        )
+        logger.error("%s", message)
+        deadline = time.monotonic() + DEAD_ENGINE_GRACE_S
+        while self.in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self.on_fatal is not None:
+            self.on_fatal(message)
 
     def check_serving(self) -> AsyncLLM:
         """The engine, or the 503 error that says why requests cannot be served now."""
@@ -168,13 +195,15 @@ class ServerState:
             return e.message
         return None
 
-    async def drain(self, timeout: float) -> None:
-        """Refuse new requests (503) and give in-flight ones up to `timeout` s to finish; then
-        (or as soon as `cut_off` is set: a second signal) end the rest with a 503."""
+    async def drain(self, timeout: float, since: float | None = None) -> None:
+        """Refuse new requests (503) and let in-flight ones finish until `timeout` s after
+        `since` (the signal's `time.monotonic()`; default now), less `SHUTDOWN_RESERVE_S` for
+        stopping; then (or as soon as `cut_off` is set: a second signal) end the rest with a 503."""
         self.draining = True
         if self.status == "ready":
             self.status = "draining"
-        deadline = time.monotonic() + timeout
+        start = time.monotonic() if since is None else since
+        deadline = start + max(0.0, timeout - SHUTDOWN_RESERVE_S)
         logger.info(
             "draining: %d request(s) in flight, waiting up to %g s", self.in_flight, timeout
         )
@@ -189,6 +218,8 @@ class ServerState:
             await asyncio.sleep(0.01)
 
     def shutdown(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()  # stopping the engine here is no death
         if self.engine is not None:
             self.engine.shutdown()
 
@@ -323,14 +354,16 @@ def build_app(engine_config: EngineConfig, config: ServerConfig | None = None) -
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn's server, except that SIGTERM/SIGINT drains in-flight requests first (for
-    `--drain-timeout` s at most; a second signal ends the drain at once), then exits with 0."""
+    """uvicorn's server, except that SIGTERM/SIGINT drains in-flight requests first (the whole
+    time from the signal to exit is `--drain-timeout` s at most; a second signal ends the drain
+    at once), then exits with 0."""
 
     def __init__(self, config: uvicorn.Config, state: ServerState):
         super().__init__(config)
         self.state = state
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
+        self._signalled_at = 0.0
 
     async def serve(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -346,11 +379,12 @@ class DrainingServer(uvicorn.Server):
             super().handle_exit(sig, frame)  # nothing to drain
             return
         self._draining = True
+        self._signalled_at = time.monotonic()
         loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
 
     async def _drain(self) -> None:
         try:
-            await self.state.drain(self.state.config.drain_timeout)
+            await self.state.drain(self.state.config.drain_timeout, self._signalled_at)
         finally:
             self.should_exit = True
 
@@ -360,7 +394,8 @@ async def run_server(
     config: ServerConfig,
     on_ready: Callable[[ServerState], None] | None = None,
 ) -> int:
-    """Serve until SIGTERM/SIGINT (exit code 0) or until the engine fails to start (1)."""
+    """Serve until SIGTERM/SIGINT (exit code 0), or until the engine fails to start or dies
+    (1)."""
     app = build_app(engine_config, config)
     state: ServerState = app.state.server
     uv_config = uvicorn.Config(
@@ -368,6 +403,7 @@ async def run_server(
         host=config.host,
         port=config.port,
         log_level=config.uvicorn_log_level,
+        access_log=config.access_log,
         timeout_graceful_shutdown=UVICORN_GRACE_S,
         lifespan="on",
     )
@@ -382,6 +418,6 @@ async def run_server(
     state.on_ready = on_ready
     await server.serve()
     if failures:
-        print(f"error: the engine failed to start: {failures[0]}", file=sys.stderr)
+        print(f"error: {failures[0]}", file=sys.stderr)
         return 1
     return 0

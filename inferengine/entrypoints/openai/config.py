@@ -17,6 +17,10 @@ class ServerConfig:
     api_key: str | None = None
     max_request_body_bytes: int = 8 << 20
     uvicorn_log_level: str = "info"
+    # uvicorn's access log (one line per HTTP request, /health polls included) is off by
+    # default; vLLM has it on and offers --disable-uvicorn-access-log.
+    enable_access_log: bool = False
+    disable_uvicorn_access_log: bool = False  # vLLM's flag, accepted: it wins over the above
     # Request logging is off by default, as in vLLM: one line per request when on, its
     # parameters cut to max_log_len characters. Errors and start-up phases are always logged.
     enable_log_requests: bool = False
@@ -33,6 +37,10 @@ class ServerConfig:
     tool_call_parser: str | None = None
     exclude_tools_when_tool_choice_none: bool = False
     reasoning_parser: str | None = None
+
+    @property
+    def access_log(self) -> bool:
+        return self.enable_access_log and not self.disable_uvicorn_access_log
 
     def __post_init__(self) -> None:
         if self.disable_log_requests:

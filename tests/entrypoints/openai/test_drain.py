@@ -1,5 +1,6 @@
-"""Draining on SIGTERM: `--drain-timeout` bounds the time to exit; what is still running then ends
-with a 503 (an error event and `[DONE]` on a stream), with no traceback and exit code 0."""
+"""Draining on SIGTERM: the process exits `--drain-timeout` s after the signal (within 0.3 s, engine
+shutdown included); what is still running ends with a 503 just before (an error event and `[DONE]`
+on a stream), with no traceback and exit code 0."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ import time
 import httpx
 import pytest
 
+from inferengine.entrypoints.openai.api_server import SHUTDOWN_RESERVE_S
 from inferengine.entrypoints.openai.middleware import GateMiddleware
 from tests.entrypoints.openai.server import SERVED_NAME, RemoteServer, sse_events
 
 MAX_MODEL_LEN = 32768
 MAX_TOKENS = 20000  # minutes of generation on the CPU: these requests never end by themselves
 DRAIN_TIMEOUT = 2.0
-EXIT_SLACK = 3.0  # SIGTERM to exit: at most the drain timeout plus this
+PROMISE_S = 0.3  # SIGTERM to exit: the drain timeout, give or take this
+EXIT_SLACK = 3.0  # a second signal to exit: at most this
 COMPLETION = {"model": SERVED_NAME, "prompt": "Hello", "max_tokens": MAX_TOKENS, "ignore_eos": True}
 CHAT = {
     "model": SERVED_NAME,
@@ -124,8 +127,8 @@ def test_drain_timeout_ends_running_requests_then_exits(servers):
     requests.full("full", "/v1/completions", COMPLETION)
     requests.wait_started()
 
-    os.killpg(server.proc.pid, signal.SIGTERM)
     sigterm = time.monotonic()
+    os.killpg(server.proc.pid, signal.SIGTERM)
     time.sleep(0.3)
     refused = httpx.post(f"{server.url}/v1/completions", json=COMPLETION, headers=server.headers)
     assert refused.status_code == 503 and "Retry-After" in refused.headers
@@ -134,10 +137,12 @@ def test_drain_timeout_ends_running_requests_then_exits(servers):
     exited = time.monotonic() - sigterm
     requests.join()
 
-    assert exited <= DRAIN_TIMEOUT + EXIT_SLACK
+    # the README's promise: the whole time from SIGTERM to the process's exit
+    assert DRAIN_TIMEOUT - PROMISE_S <= exited <= DRAIN_TIMEOUT + PROMISE_S, exited
     for name in ("completion", "chat"):
         ended, events = requests.results[name]
-        assert ended - sigterm >= DRAIN_TIMEOUT - 0.2  # they had the whole drain to finish
+        # they had the drain, less the time kept for stopping, to finish
+        assert ended - sigterm >= DRAIN_TIMEOUT - SHUTDOWN_RESERVE_S - 0.05
         _assert_cut_off_stream(events)
     _assert_cut_off_reply(requests.results["full"][1])
     assert "Traceback" not in server.output()
