@@ -193,7 +193,11 @@ class AsyncLLM:
             )
 
     async def abort(self, request_ids: list[str]) -> None:
-        self.output_processor.abort(request_ids)
+        stats = IterationStats()
+        self.output_processor.abort(request_ids, stats)
+        if stats.finished:  # request_success_total{finished_reason="abort"}, as in vLLM
+            for stat_logger in self.stat_loggers:
+                stat_logger.record(None, stats)
         await self.client.abort_requests(request_ids)
 
     # ---- the output handler ------------------------------------------------------------

@@ -226,9 +226,14 @@ class OutputProcessor:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
-    def abort(self, request_ids: list[str]) -> None:
+    def abort(self, request_ids: list[str], stats: IterationStats | None = None) -> None:
+        """Forget these requests; each one not finished yet counts in `stats` as finished with
+        reason "abort" (as vLLM counts a request its client left)."""
+        now = time.time()
         for request_id in request_ids:
-            self.requests.pop(request_id, None)
+            state = self.requests.pop(request_id, None)
+            if state is not None and not state.finished and stats is not None:
+                stats.finished.append(state._finished_stats(now))
 
     def process_outputs(
         self,
