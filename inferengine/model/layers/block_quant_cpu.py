@@ -143,3 +143,24 @@ class BlockQuantLMHead(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.packed.matmul(hidden, None)[..., : self.vocab_size]
+
+
+class BlockQuantEmbedding(nn.Module):
+    """A token embedding over a block-quantized weight (an untied one, or the table an LM head
+    shares): each row looked up is dequantized, exactly to the GGUF's float32 values, then cast
+    to `dtype`, so the table stays at its 4.5 to 8.5 bits a weight."""
+
+    def __init__(self, weight: BlockQuantWeight, dtype: torch.dtype):
+        super().__init__()
+        self.kind = weight.kind
+        self.vocab_size, self.hidden_size = weight.shape
+        self.dtype = dtype
+        self.register_buffer("values", weight.values, persistent=False)
+        self.register_buffer("scale", weight.scale, persistent=False)
+        self.register_buffer("offset", weight.offset, persistent=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        ids = input_ids.reshape(-1)
+        offset = None if self.offset is None else self.offset[ids]
+        rows = BlockQuantWeight(self.kind, self.values[ids], self.scale[ids], offset)
+        return rows.dequantize().to(self.dtype).view(*input_ids.shape, self.hidden_size)

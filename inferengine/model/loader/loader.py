@@ -11,6 +11,7 @@ from inferengine.attention.backends.base import AttentionBackend
 from inferengine.config import ModelConfig
 from inferengine.logger import init_logger
 from inferengine.model.llama import ModelInit
+from inferengine.model.loader.gguf_floats import ensure_float_weights
 from inferengine.model.loader.gguf_quantized import (
     install_gguf_linears,
     skip_names,
@@ -57,6 +58,7 @@ def load_model(
         from pathlib import Path
 
         wanted = skip_names(getattr(model, "wants_weight", None), quantized)
+        ensure_float_weights(Path(model_config.model_path), wanted)  # a lean GGUF folder's
         weights = iterate_safetensors(Path(model_config.model_path), wanted)
         if fp8:
             weights = fp8_layers.checkpoint_tensors(weights, checkpoint)

@@ -82,7 +82,9 @@ def _converted_gguf(gguf_path: Path) -> Path:
     out_dir = envs.cache_dir() / "gguf" / f"{gguf_path.stem}-{digest}"
     if (out_dir / "config.json").exists() and has_source(out_dir):
         return out_dir
-    return convert_gguf(gguf_path, out_dir)  # also replaces a conversion without the GGUF
+    # Lean: float copies only of what the CPU's quantized path reads (the rest on demand); also
+    # replaces a conversion without the GGUF.
+    return convert_gguf(gguf_path, out_dir, lean=True)
 
 
 def _download(repo_id: str, revision: str | None, load_format: str) -> Path:

@@ -28,6 +28,7 @@ from inferengine.model.loader.default_model import (
     resolve_alias,
     write_sampling_defaults,
 )
+from inferengine.model.loader.gguf_floats import FLOATS_FILE
 from tests.model.loader.tiny_gguf import write_llama_gguf
 
 FAKE = "tiny-test-alias"
@@ -66,7 +67,8 @@ def test_names_that_are_not_aliases():
 def test_alias_is_fetched_once_then_cached(fake_alias):
     folder = resolve_alias(FAKE)
     assert folder == fake_alias["cache"] / "models" / FAKE
-    assert (folder / "config.json").exists() and (folder / "model.safetensors").exists()
+    assert (folder / "config.json").exists() and (folder / FLOATS_FILE).exists()
+    assert not (folder / "model.safetensors").exists()  # lean: no float copy of the Q8_0 weights
     assert json.loads((folder / READY_MARKER).read_text())["sha256"] == fake_alias["sha"]
     start = time.perf_counter()
     assert resolve_alias(FAKE.upper()) == folder
@@ -168,7 +170,7 @@ def test_two_processes_at_once_build_it_once(fake_alias, tmp_path):
                 time.sleep(0.5)  # hold the lock long enough for the other process to wait
                 return Path(shutil.copy({str(fake_alias["wheel"])!r}, dest))
 
-            def convert(gguf_path, out_dir):  # the real one is tested elsewhere; this is fast
+            def convert(gguf_path, out_dir, lean=False):  # the real one is tested elsewhere
                 staging = Path(str(out_dir) + ".staging")
                 staging.mkdir()
                 (staging / "config.json").write_text("{{}}")
@@ -232,7 +234,9 @@ def test_default_model_is_smollm2_and_answers(default_model_dir):
     assert time.perf_counter() - start < 1.0
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(default_model_dir)
+    # Transformers dequantizes the kept GGUF itself: the folder holds no float copy of its
+    # 4-bit weights (gguf_floats.py), and this test must not write one into the real cache.
+    model = AutoModelForCausalLM.from_pretrained(default_model_dir, gguf_file="model.gguf")
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = tokenizer(prompt, return_tensors="pt").input_ids
@@ -337,7 +341,9 @@ def test_gemma3_270m_alias_matches_transformers_and_knows_paris(gemma3_270m_dir)
     question = [{"role": "user", "content": "What is the capital of France?"}]
     chat = llm.chat(question, greedy, use_tqdm=False)[0]
 
-    model = AutoModelForCausalLM.from_pretrained(gemma3_270m_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(  # from the kept GGUF, as above
+        gemma3_270m_dir, gguf_file="model.gguf", dtype=torch.float32
+    )
     ids = torch.tensor([chat.prompt_token_ids])
     assert ids[0, :2].tolist() == [2, 105]  # <bos><start_of_turn>, BOS once
     with torch.no_grad():
@@ -345,13 +351,20 @@ def test_gemma3_270m_alias_matches_transformers_and_knows_paris(gemma3_270m_dir)
     assert list(chat.outputs[0].token_ids) == expected.tolist()
 
 
-def test_a_folder_prepared_before_the_gguf_was_kept_is_prepared_again(fake_alias, monkeypatch):
-    """Older folders lack the GGUF whose 4-bit weights the CPU runs on: fetched once more; if
-    that fails (offline), the old folder still serves, float weights only."""
+def test_a_folder_prepared_before_the_gguf_was_kept_is_prepared_again(
+    fake_alias, monkeypatch, tmp_path
+):
+    """Older folders lack the GGUF whose 4-bit weights the CPU runs on (and hold every float
+    weight): fetched once more; if that fails (offline), the old folder still serves, float
+    weights only."""
+    from inferengine.model.loader.gguf import convert_gguf
     from inferengine.model.loader.gguf_source import SOURCE_FILE, SOURCE_INDEX, has_source
 
     folder = resolve_alias(FAKE)
     assert has_source(folder)
+    old = convert_gguf(folder / SOURCE_FILE, tmp_path / "old")  # as folders were: all floats
+    shutil.copy(old / "model.safetensors", folder / "model.safetensors")
+    (folder / FLOATS_FILE).unlink()
     for name in (SOURCE_FILE, SOURCE_INDEX):
         (folder / name).unlink()
 

@@ -203,3 +203,25 @@ def test_a_conversion_without_the_gguf_is_converted_again(tiny_llama, tmp_path, 
     assert has_source(folder) and (folder / SOURCE_FILE).stat().st_nlink == 2  # a hard link
     (folder / SOURCE_INDEX).unlink()  # as a folder converted before the GGUF was kept
     assert resolve_model(str(gguf_path)).path == folder and has_source(folder)
+
+
+@needs_kernels
+@pytest.mark.parametrize("variant", ["untied", "tied-llama3"])
+def test_the_embedding_stays_in_blocks_and_looks_up_the_dequantized_rows(
+    tiny_llama, tmp_path, variant
+):
+    from inferengine.model.layers.block_quant_cpu import BlockQuantEmbedding
+
+    folder = convert_gguf(_tiny_gguf(tiny_llama, tmp_path, variant), tmp_path / "converted")
+    model, _ = _load(folder)
+    table = _load(folder, dequantize=True)[0].model.embed_tokens.weight
+    embedding = model.model.embed_tokens
+    assert isinstance(embedding, BlockQuantEmbedding)
+    rows = embedding(torch.arange(table.shape[0]))
+    assert rows.dtype == torch.float32
+    torch.testing.assert_close(rows, table, rtol=0, atol=0)
+    ids = torch.tensor([[3, 1, 4], [1, 5, 9]])
+    torch.testing.assert_close(embedding(ids), table[ids], rtol=0, atol=0)
+    # No float copy of the table is left, tied head or not.
+    assert model.lm_head.weight is None
+    assert all(p.numel() < table.numel() for p in model.parameters())
