@@ -201,3 +201,6 @@ def test_killing_a_replica_loses_no_request_that_had_not_streamed(dp_server):
             break
         time.sleep(0.5)
     assert row["status"] == "up" and row["restarts"] == 1 and row["pid"] != victim["pid"]
+    # one replica's death is no engine death: the server never stopped to be restarted
+    assert dp_server.proc.poll() is None
+    assert "shutting down the API server" not in dp_server.output()

@@ -64,3 +64,20 @@ def test_tool_and_reasoning_flags(monkeypatch, capsys):
     monkeypatch.delenv("INFERENGINE_TOOL_CALL_PARSER")
     assert main(["serve", "no-such-model", "--enable-auto-tool-choice"]) == 1
     assert "--enable-auto-tool-choice needs --tool-call-parser" in capsys.readouterr().err
+
+
+def test_access_log_flags():
+    from inferengine.entrypoints.openai.config import ServerConfig
+
+    def access_log(*flags: str) -> bool:
+        args = build_parser().parse_args(["serve", "m", *flags])
+        return ServerConfig(
+            enable_access_log=args.enable_access_log,
+            disable_uvicorn_access_log=args.disable_uvicorn_access_log,
+        ).access_log
+
+    assert access_log() is False  # off by default, unlike vLLM
+    assert access_log("--enable-access-log") is True
+    # vLLM's flag is accepted, and wins
+    assert access_log("--disable-uvicorn-access-log") is False
+    assert access_log("--enable-access-log", "--disable-uvicorn-access-log") is False
