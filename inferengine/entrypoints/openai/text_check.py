@@ -25,7 +25,8 @@ def body_problem(body: bytes) -> InvalidRequestError | None:
     """Why a request body is not text (invalid UTF-8, or a lone surrogate in a JSON string or
     key); None when it is text, or is not JSON at all (the route then says what is wrong)."""
     try:
-        body.decode("utf-8")
+        if not body.isascii():  # (ASCII is UTF-8; most bodies are, and need no decoding)
+            body.decode("utf-8")
     except UnicodeDecodeError as e:
         return InvalidRequestError(
             f"The request body is not valid UTF-8 (byte {e.start}: {e.reason}); send JSON "
