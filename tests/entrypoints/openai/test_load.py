@@ -38,16 +38,17 @@ def wait_idle(server, timeout: float = 10.0) -> dict:
         time.sleep(0.2)
 
 
-def _success_total(server) -> float:
+def _finished(server) -> dict[str, float]:
+    """inferengine:request_success_total by finish reason."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"{server.url}/metrics").text
-    return sum(
-        s.value
+    return {
+        s.labels["finished_reason"]: s.value
         for f in text_string_to_metric_families(text)
         for s in f.samples
         if s.name == "inferengine:request_success_total"
-    )
+    }
 
 
 async def _stream_one(client: httpx.AsyncClient, i: int, max_tokens: int) -> tuple[int, str]:
@@ -94,8 +95,9 @@ def test_200_concurrent_streams_complete(tiny_server):
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_disconnected_clients_free_everything(tiny_server, stream):
-    """Clients that leave mid-request are aborted: no request runs on and no page stays used."""
-    successes_before = _success_total(tiny_server)
+    """Clients that leave mid-request are aborted: no request runs on and no page stays used;
+    each counts as finished by "abort"."""
+    finished_before = _finished(tiny_server)
     body = {"model": SERVED_NAME, "max_tokens": 400, "ignore_eos": True, "stream": stream}
 
     async def leave_early(client: httpx.AsyncClient, i: int) -> None:
@@ -121,4 +123,6 @@ def test_disconnected_clients_free_everything(tiny_server, stream):
     assert stats["num_requests_running"] == 0 and stats["num_requests_waiting"] == 0
     assert stats["kv_pages_used"] == 0, stats
     # Aborted, not finished: 50 x 400 tokens would take far longer than this test did.
-    assert _success_total(tiny_server) == successes_before
+    finished = _finished(tiny_server)
+    assert finished.pop("abort") == finished_before.pop("abort", 0.0) + NUM_DISCONNECTS
+    assert finished == finished_before
