@@ -35,8 +35,9 @@ def append_tokens(token_buffer: np.ndarray, state: RequestState, tokens: list[in
     """Add a request's new tokens to its state and its row of the token buffer (tokens past
     the buffer's width, which no step reads, are counted but not stored)."""
     state.output_token_ids.extend(tokens)
-    end = min(state.num_tokens + len(tokens), token_buffer.shape[1])
-    token_buffer[state.row, state.num_tokens : end] = tokens[: end - state.num_tokens]
+    width = token_buffer.shape[1]
+    start, end = min(state.num_tokens, width), min(state.num_tokens + len(tokens), width)
+    token_buffer[state.row, start:end] = tokens[: end - start]
     state.num_tokens += len(tokens)
 
 
