@@ -8,15 +8,30 @@ import pytest
 import torch
 
 from inferengine import LLM, SamplingParams
+from inferengine.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from inferengine.engine import kv_sizing
 from inferengine.errors import ConfigError
+from inferengine.worker import kv_memory
 from inferengine.worker.kv_memory import (
     CPU_HEADROOM_BYTES,
     FALLBACK_CPU_KV_BYTES,
+    allocate_kv_caches,
     cpu_kv_budget,
     cpu_kv_pages,
     host_memory_available,
+    kv_block_bytes,
+    kv_cache_dtype,
     lazy_zeros,
+    num_blocks_for_cpu,
+    num_blocks_for_cuda,
+    runs_eagerly,
 )
 
 GIB = 1 << 30
@@ -143,3 +158,119 @@ def test_cpu_pages_are_zeros_resident_only_once_written():
     cache[:, :2048] = 1.0  # half the pages written
     assert _rss_bytes() - before > 120 << 20
     assert float(cache.sum()) == 2 * 2048 * 16 * 8 * 64
+
+
+# ---- page bytes, page tensors and the default page count, from an EngineConfig ------------
+
+
+def _config(
+    dtype="float32",
+    cache_dtype="auto",
+    tp=1,
+    kv_heads=2,
+    max_num_seqs=4,
+    max_model_len=100,
+    kv_cache_memory=None,
+    draft: ModelConfig | None = None,
+    enforce_eager=False,
+) -> EngineConfig:
+    """A tiny qwen2's shape: 2 layers, 4 heads of 16 dims, `kv_heads` KV heads, pages of 16."""
+    hf = dict(vocab_size=320, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=kv_heads, intermediate_size=128)  # fmt: skip
+    spec = None
+    if draft is not None:
+        spec = SpeculativeConfig(
+            method="draft_model", model="draft", num_speculative_tokens=2, draft_model_config=draft
+        )
+    return EngineConfig(
+        model_config=ModelConfig("m", "", hf, dtype, max_model_len),
+        cache_config=CacheConfig(
+            block_size=16, cache_dtype=cache_dtype, kv_cache_memory=kv_cache_memory
+        ),
+        scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len),
+        parallel_config=ParallelConfig(tensor_parallel_size=tp),
+        speculative_config=spec,
+        enforce_eager=enforce_eager,
+    )
+
+
+def _draft() -> ModelConfig:
+    hf = dict(vocab_size=320, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+              num_key_value_heads=1)  # fmt: skip
+    return ModelConfig("draft", "", hf, "float32", 100)
+
+
+def test_page_bytes_from_layers_heads_dtype_and_split():
+    assert kv_block_bytes(_config(), torch.float32) == PAGE_BYTES
+    assert kv_cache_dtype(_config()) == torch.float32
+    assert kv_cache_dtype(_config(dtype="bfloat16")) == torch.bfloat16
+    assert kv_block_bytes(_config(dtype="bfloat16"), torch.bfloat16) == PAGE_BYTES // 2
+    fp8 = _config(cache_dtype="fp8")
+    assert kv_cache_dtype(fp8) == torch.float8_e4m3fn
+    assert kv_block_bytes(fp8, kv_cache_dtype(fp8)) == PAGE_BYTES // 4
+    # Tensor parallel: each rank holds its share of the KV heads, at least one (replicated).
+    assert kv_block_bytes(_config(tp=2), torch.float32) == PAGE_BYTES // 2
+    assert kv_block_bytes(_config(tp=4), torch.float32) == PAGE_BYTES // 2
+    # A draft model's layers share the page ids: 1 layer x K,V x 1 head x 8 dims x 4 B x 16.
+    assert kv_block_bytes(_config(draft=_draft()), torch.float32) == PAGE_BYTES + 1024
+
+
+def test_page_tensors_per_layer():
+    config = _config(draft=_draft())
+    caches = allocate_kv_caches(config, 5, torch.float32, torch.device("cpu"))
+    assert [tuple(c.shape) for c in caches] == [(2, 5, 16, 2, 16)] * 2
+    assert all(c.dtype == torch.float32 and not c.any() for c in caches)
+    caches[0][1, 3] = 1.0  # layers do not share memory
+    assert not caches[1].any() and float(caches[0].sum()) == 16 * 2 * 16
+    (draft,) = allocate_kv_caches(config, 5, torch.float32, torch.device("cpu"), _draft())
+    assert tuple(draft.shape) == (2, 5, 16, 1, 8)
+    assert lazy_zeros((0, 4), torch.float32).shape == (0, 4)
+
+
+def test_default_cpu_pages_from_the_config(monkeypatch):
+    logged: list[str] = []
+    monkeypatch.setattr(kv_memory.logger, "info", lambda m, *a: logged.append(m % a))
+    monkeypatch.setattr(kv_memory, "host_memory_available", lambda: 64 * GIB)
+    assert num_blocks_for_cpu(_config(), torch.float32) == 28 + 7 + 1
+    assert logged == [
+        "CPU KV cache: 36 pages of 16 tokens, 0.00 GiB, resident as they fill "
+        "(max_num_seqs=4 requests of max_model_len=100: 28 pages, 7 more for cached prefixes; "
+        "--kv-cache-memory sets it)"
+    ]
+    # Little memory left: the headroom caps it at 20 pages.
+    monkeypatch.setattr(kv_memory, "host_memory_available", lambda: GIB + 20 * PAGE_BYTES)
+    assert num_blocks_for_cpu(_config(), torch.float32) == 20
+    assert logged[-1].startswith("CPU KV cache: 20 pages of 16 tokens, 0.00 GiB")
+    assert "would take 36 pages" in logged[-1]
+    # Two ranks split the budget: half of 30 half-size pages' worth each.
+    monkeypatch.setattr(kv_memory, "host_memory_available", lambda: GIB + 30 * PAGE_BYTES // 2)
+    assert num_blocks_for_cpu(_config(tp=2), torch.float32) == 15
+    # Unknown memory: 1 GiB, which 36 pages fit.
+    monkeypatch.setattr(kv_memory, "host_memory_available", lambda: None)
+    assert num_blocks_for_cpu(_config(), torch.float32) == 36
+
+
+def test_kv_cache_memory_sets_the_pages_on_either_device(monkeypatch):
+    monkeypatch.setattr(kv_memory, "host_memory_available", lambda: 64 * GIB)
+    config = _config(kv_cache_memory=100 * PAGE_BYTES + PAGE_BYTES - 1)
+    assert num_blocks_for_cpu(config, torch.float32) == 100
+    # On CUDA it wins before any profiling (which would need a device).
+    assert num_blocks_for_cuda(config, torch.float32, torch.device("cuda"), None) == 100
+
+
+def test_page_counts_round_each_request_up_to_whole_pages():
+    # 5 requests of 17 tokens: 2 pages each; ceil(10 / 4) = 3 more; the null page.
+    assert cpu_kv_pages(PAGE_BYTES, 10 * GIB, "", 5, 17, 16)[0] == 14
+    assert cpu_kv_pages(PAGE_BYTES, 10 * GIB, "", 1, 1, 16)[0] == 3  # 1 + ceil(0.25) + 1
+    # A budget of exactly what is needed gives all of it; a byte less, one page less.
+    assert cpu_kv_pages(PAGE_BYTES, 14 * PAGE_BYTES, "", 5, 17, 16)[0] == 14
+    assert cpu_kv_pages(PAGE_BYTES, 14 * PAGE_BYTES - 1, "", 5, 17, 16)[0] == 13
+    assert cpu_kv_pages(PAGE_BYTES, 0, "none left", 5, 17, 16)[0] == 0
+
+
+def test_which_configs_run_eagerly():
+    assert not runs_eagerly(_config())
+    assert runs_eagerly(_config(enforce_eager=True))
+    staged = _config()
+    staged.parallel_config.pipeline_parallel_size = 2
+    assert runs_eagerly(staged)

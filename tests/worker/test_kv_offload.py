@@ -9,7 +9,7 @@ import torch
 from inferengine import LLM, SamplingParams
 from inferengine.errors import ConfigError
 from inferengine.worker import kv_offload
-from inferengine.worker.kv_offload import HostKVTier
+from inferengine.worker.kv_offload import HostKVTier, read_pages
 from tests.conftest import hf_greedy, hf_model
 
 # 12 pages of 16 tokens: one conversation of ~100 tokens fits, but not beside the fillers.
@@ -154,3 +154,63 @@ def test_an_offload_size_beyond_host_memory_is_refused(tiny_checkpoint):
             enable_prefix_caching=False,
             max_model_len=128,
         )
+
+
+def _cpu_caches(seed: int = 0) -> list[torch.Tensor]:
+    """Two layers of 6 pages (block 4), the second with twice the KV heads."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, 6, 4, heads, 8, generator=g) for heads in (1, 2)]
+
+
+def test_a_slot_holds_one_page_of_every_layer_back_to_back():
+    caches = _cpu_caches()
+    tier = HostKVTier(caches, num_slots=3)
+    assert tier.page_bytes == [2 * 4 * 1 * 8 * 4, 2 * 4 * 2 * 8 * 4]  # 256 and 512 bytes
+    assert tier.offsets == [0, 256] and tier.slot_bytes == 768
+    assert tier.host.shape == (3, 768) and tier.host.dtype == torch.uint8
+    assert tier.stream is None and tier.staging is None  # CPU: copies go straight to slots
+    tier.copy(caches, offloads=[(4, 2)], loads=[])
+    assert torch.equal(tier.host[2, :256].view(torch.float32).view(2, 4, 1, 8), caches[0][:, 4])
+    assert torch.equal(tier.host[2, 256:].view(torch.float32).view(2, 4, 2, 8), caches[1][:, 4])
+    assert tier.page(1, 2).shape == (2, 4, 2, 8) and tier.page(1, 2).dtype == torch.float32
+
+
+def test_a_step_without_copies_changes_nothing():
+    caches = _cpu_caches()
+    tier = HostKVTier(caches, num_slots=3)
+    tier.host.fill_(7)
+    before = [c.clone() for c in caches]
+    tier.copy(caches, offloads=[], loads=[], writebacks=[])
+    assert all(torch.equal(c, b) for c, b in zip(caches, before, strict=True))
+    assert bool((tier.host == 7).all())
+
+
+def test_imported_pages_are_written_to_their_slots_and_read_back_with_gpu_pages():
+    caches = _cpu_caches()
+    tier = HostKVTier(caches, num_slots=4)
+    imported = _cpu_caches(seed=1)  # pages 0 and 1 of another rank's cache, as [2, n, ...]
+    tier.write([3, 1], [c[:, :2] for c in imported])
+    for layer in (0, 1):
+        assert torch.equal(tier.page(layer, 3), imported[layer][:, 0])
+        assert torch.equal(tier.page(layer, 1), imported[layer][:, 1])
+    # Pages in the asked order, wherever each one lies.
+    out = read_pages(caches, tier, [("host", 1), ("gpu", 5), ("host", 3)])
+    for layer in (0, 1):
+        assert out[layer].shape == (2, 3, 4, layer + 1, 8)
+        assert torch.equal(out[layer][:, 0], imported[layer][:, 1])
+        assert torch.equal(out[layer][:, 1], caches[layer][:, 5])
+        assert torch.equal(out[layer][:, 2], imported[layer][:, 0])
+    assert [o.shape[1] for o in read_pages(caches, None, [("gpu", 0)])] == [1, 1]
+    with pytest.raises(AssertionError, match="cache's dtype"):
+        tier.write([0], [c[:, :1].to(torch.bfloat16) for c in imported])
+
+
+def test_loaded_pages_overwrite_only_their_targets():
+    caches = _cpu_caches()
+    tier = HostKVTier(caches, num_slots=4)
+    before = [c.clone() for c in caches]
+    tier.copy(caches, offloads=[(0, 0), (1, 1)], loads=[])
+    tier.copy(caches, offloads=[], loads=[(1, 4), (0, 5)])
+    for c, b in zip(caches, before, strict=True):
+        assert torch.equal(c[:, 4], b[:, 1]) and torch.equal(c[:, 5], b[:, 0])
+        assert torch.equal(c[:, :4], b[:, :4])

@@ -5,11 +5,17 @@ state from that output."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from inferengine.core.sched_output import ModelRunnerOutput
 from inferengine.sample.sampler import SamplerOutput
-from inferengine.worker.pending_step import PendingStep, SpecResult
+from inferengine.worker.pending_step import (
+    DeferredSampling,
+    PendingStep,
+    SpecResult,
+    accept_greedy,
+)
 
 
 def _output(req_ids):
@@ -58,3 +64,49 @@ def test_a_step_that_samples_nothing_resolves_to_empty_rows():
     step = PendingStep(_output(["a"]), [], [], None)
     assert step.resolve().sampled_token_ids == [[]]
     assert step.sampled_device is None
+
+
+def test_greedy_acceptance_stops_at_the_first_mismatch():
+    # Argmax rows per request: one per draft and one after; drafts accepted while they match.
+    argmax = [1, 2, 3, 9, 8, 7, 4, 4]
+    drafts = [[1, 2], [5], [7, 4, 6]]  # all match (+ bonus 3); first misses; two match
+    assert accept_greedy(argmax, drafts) == [[1, 2, 3], [9], [7, 4, 4]]
+    assert accept_greedy([5, 6], [[], []]) == [[5], [6]]  # no drafts: the argmax alone
+    assert accept_greedy([], []) == []
+
+
+def test_a_verify_step_keeps_the_logprobs_of_rows_without_drafts():
+    # Row 0 drafted (2 emitted), row 1 did not and is the sampler's only row: its logprobs.
+    result = SamplerOutput(
+        sampled=torch.tensor([5]),
+        logprob_token_ids=torch.tensor([[5, 2]]),
+        logprobs=torch.tensor([[-0.5, -1.0]]),
+        sampled_ranks=torch.tensor([1]),
+    )
+    spec = SpecResult(torch.tensor([[7, 8], [5, -1]]), torch.tensor([2, 1]), plain_rows=[1])
+    out = PendingStep(_output(["a", "b"]), [0, 1], [1, 1], result, spec).resolve()
+    assert out.sampled_token_ids == [[7, 8], [5]]
+    assert out.logprobs == {"b": ([[5, 2]], [[-0.5, -1.0]], [1])}
+
+
+def test_deferred_sampling_waits_for_the_grammar_masks():
+    calls = []
+
+    def sample(req_ids, bitmask):
+        calls.append((req_ids, bitmask))
+        return PendingStep(_output(["a"]), [0], [None], SamplerOutput(torch.tensor([3])))
+
+    deferred = DeferredSampling(sample, graph_size=8)
+    assert deferred.graph_size == 8 and calls == []
+    with pytest.raises(AssertionError, match="never provided"):
+        deferred.resolve()
+    deferred.provide_grammar(["a"], b"\x01\x00\x00\x00")
+    assert calls == [(["a"], b"\x01\x00\x00\x00")]
+    assert deferred.resolve().sampled_token_ids == [[3]]
+
+
+def test_a_plain_step_takes_no_grammar_masks():
+    step = PendingStep(_output(["a"]), [], [], None)
+    step.provide_grammar([], b"")  # nothing to mask: fine
+    with pytest.raises(AssertionError, match="samples nothing"):
+        step.provide_grammar(["a"], b"\x00" * 4)
