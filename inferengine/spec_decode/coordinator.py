@@ -89,9 +89,9 @@ class SpecCoordinator:
         return steps_overlap and self.proposer is not None
 
     def draft_ahead(self) -> None:
-        """Draft for a step about to launch behind the one in flight, unless collecting the
-        step before drafted already (or the policy had not yet seen a step complete: the first
-        step after start-up)."""
+        """Draft for a step about to launch behind the one in flight, if the policy speculates
+        and collecting the step before did not draft already (as for the first step after
+        start-up, which follows no collected step)."""
         assert self.policy is not None
         if not self._drafts_ready and self.policy.speculate_now(len(self.scheduler.running)):
             self._propose_drafts()
