@@ -26,7 +26,7 @@ from inferengine.model.loader.gguf_gemma import (
     gemma_config,
     gemma_layer_tensors,
 )
-from inferengine.model.loader.gguf_source import keep_source
+from inferengine.model.loader.gguf_source import FLOATS_FILE, block_only, keep_source
 
 logger = init_logger(__name__)
 
@@ -63,7 +63,7 @@ _REDOWNLOAD = "re-download it (compare its size or sha256 with the source)"
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, lean: bool = False) -> Path:
     """Write `out_dir` with config.json, model.safetensors (float32) and tokenizer files; with
     `lean`, model-floats.safetensors instead, without the weights our CPU kernels read from the
-    kept GGUF (`gguf_floats.block_only`), written later if a load reads them as floats.
+    kept GGUF (`gguf_source.block_only`), written later if a load reads them as floats.
 
     The folder is built beside `out_dir` and renamed into place, so it is either complete or
     absent. An earlier conversion in `out_dir` is replaced (moved aside, then deleted); any other
@@ -84,8 +84,6 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, lean: bool = False)
         _write_json(tmp / "generation_config.json", _generation_config(meta))
         floats, floats_file = tensors, "model.safetensors"
         if lean:
-            from inferengine.model.loader.gguf_floats import FLOATS_FILE, block_only
-
             types = {name: t.tensor_type.name for name, t in tensors.items()}
             skip = block_only(types)
             floats = {name: t for name, t in tensors.items() if name not in skip}

@@ -20,48 +20,18 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
 from inferengine.errors import ModelLoadError
 from inferengine.logger import init_logger
-from inferengine.model.loader.gguf_source import GGUFSource, has_source
+from inferengine.model.loader.gguf import _hf_name, _layout, _open, _write_weights
+from inferengine.model.loader.gguf_source import FLOATS_FILE, GGUFSource, has_source
 
 logger = init_logger(__name__)
 
-FLOATS_FILE = "model-floats.safetensors"
 DENSE_FILE = "model-dense.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-# Roles whose weights our CPU kernels take from the GGUF's blocks (linear layers); each fused
-# group (one layer of ours) stays quantized only when all its shards are of one block kind.
-_GROUPS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"), ("attn_output",), ("ffn_down",))
-
-
-def block_only(types: dict[str, str]) -> set[str]:
-    """The GGUF tensors (of `types`: name -> GGML type name) that the quantized CPU path reads
-    from the GGUF's blocks and never as floats."""
-    from inferengine.model.loader.gguf_quantized import BLOCK_TYPES, Q4_TYPES
-
-    def kind(name: str) -> str | None:
-        qtype = types.get(name)
-        if qtype not in BLOCK_TYPES:
-            return None
-        return "q4" if qtype in Q4_TYPES else "q8"
-
-    out = {n for n in ("token_embd.weight", "output.weight") if kind(n)}  # head: untied
-    layers: dict[str, list[str]] = defaultdict(list)
-    for name in types:
-        parts = name.split(".")
-        if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight":
-            layers[parts[1]].append(parts[2])
-    for layer in layers:
-        for group in _GROUPS:
-            names = [f"blk.{layer}.{role}.weight" for role in group]
-            kinds = {kind(n) for n in names}
-            if len(kinds) == 1 and None not in kinds:
-                out.update(names)
-    return out
 
 
 def _names_in(path: Path) -> list[str]:
@@ -76,8 +46,6 @@ def ensure_float_weights(folder: Path, wanted: Callable[[str], bool] | None = No
     (None: all): write the float weights the folder left out if the load reads any of them."""
     if not has_source(folder) or (folder / INDEX_FILE).exists():
         return
-    from inferengine.model.loader.gguf import _hf_name, _layout
-
     source = GGUFSource(folder)
     roles = _layout(source.architecture).layer_tensors
     present = {n for path in folder.glob("*.safetensors") for n in _names_in(path)}
@@ -106,8 +74,6 @@ def ensure_float_weights(folder: Path, wanted: Callable[[str], bool] | None = No
 
 def _write_dense(folder: Path, names: set[str], architecture: str) -> None:
     """`names` (GGUF names) dequantized to `model-dense.safetensors`, then the index."""
-    from inferengine.model.loader.gguf import _layout, _open, _write_weights
-
     source_path = folder / "model.gguf"
     logger.info(
         "%s: writing the float32 weights of %d GGUF tensors for a load that reads them as "

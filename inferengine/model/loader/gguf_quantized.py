@@ -49,12 +49,16 @@ from inferengine.model.layers.linear import (
 )
 from inferengine.model.layers.vocab import ParallelLMHead, VocabParallelEmbedding
 from inferengine.model.loader.gguf import _hf_name, _layout, _unpermute
-from inferengine.model.loader.gguf_source import GGUFSource, SourceTensor, has_source
+from inferengine.model.loader.gguf_source import (
+    BLOCK_TYPES,
+    Q4_TYPES,
+    GGUFSource,
+    SourceTensor,
+    has_source,
+)
 
 logger = init_logger(__name__)
 
-Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
-BLOCK_TYPES = (*Q4_TYPES, "Q8_0", "Q5_0")
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144, "Q8_0": 34, "Q5_0": 22}
 _GROUP = cpu_native.BLOCK
 

@@ -1,11 +1,13 @@
 """The GGUF a converted folder keeps beside its float weights (`model.gguf`, a hard link where it
 can be), with an index of its tensors (`model.gguf.json`: type, shape, byte offset), so loading
-its quantized weights reads no GGUF metadata (a Gemma tokenizer's takes `gguf` seconds)."""
+its quantized weights reads no GGUF metadata (a Gemma tokenizer's takes `gguf` seconds); which of
+its tensors the quantized CPU path reads from its blocks (`block_only`)."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,13 @@ import numpy as np
 
 SOURCE_FILE = "model.gguf"
 SOURCE_INDEX = "model.gguf.json"
+FLOATS_FILE = "model-floats.safetensors"  # a lean conversion's float weights (gguf_floats.py)
+# The GGML block types our CPU kernels take (gguf_quantized.py).
+Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+BLOCK_TYPES = (*Q4_TYPES, "Q8_0", "Q5_0")
+# Roles whose weights our CPU kernels take from the GGUF's blocks (linear layers); each fused
+# group (one layer of ours) stays quantized only when all its shards are of one block kind.
+_GROUPS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"), ("attn_output",), ("ffn_down",))
 
 
 @dataclass(frozen=True)
@@ -70,3 +79,28 @@ class GGUFSource:
             self._file = np.memmap(self.path, dtype=np.uint8, mode="r")
         raw = self._file[tensor.offset : tensor.offset + tensor.nbytes]
         return raw.reshape(tensor.shape[0], -1) if len(tensor.shape) == 2 else raw
+
+
+def block_only(types: dict[str, str]) -> set[str]:
+    """The GGUF tensors (of `types`: name -> GGML type name) that the quantized CPU path reads
+    from the GGUF's blocks and never as floats."""
+
+    def kind(name: str) -> str | None:
+        qtype = types.get(name)
+        if qtype not in BLOCK_TYPES:
+            return None
+        return "q4" if qtype in Q4_TYPES else "q8"
+
+    out = {n for n in ("token_embd.weight", "output.weight") if kind(n)}  # head: untied
+    layers: dict[str, list[str]] = defaultdict(list)
+    for name in types:
+        parts = name.split(".")
+        if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight":
+            layers[parts[1]].append(parts[2])
+    for layer in layers:
+        for group in _GROUPS:
+            names = [f"blk.{layer}.{role}.weight" for role in group]
+            kinds = {kind(n) for n in names}
+            if len(kinds) == 1 and None not in kinds:
+                out.update(names)
+    return out

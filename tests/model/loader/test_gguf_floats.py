@@ -13,9 +13,9 @@ from inferengine.model.loader.gguf_floats import (
     DENSE_FILE,
     FLOATS_FILE,
     INDEX_FILE,
-    block_only,
     ensure_float_weights,
 )
+from inferengine.model.loader.gguf_source import block_only
 from tests.model.loader.test_gguf_quantized import (
     _load,
     _logits,
