@@ -112,7 +112,9 @@ class EngineArgs:
         from inferengine.model.quantization.formats import resolve_quantization
 
         quantization = resolve_quantization(self.quantization, hf, native)
-        max_model_len = self.max_model_len or _context_len(hf)
+        max_model_len = self.max_model_len  # 0 is refused below, not taken for unset
+        if max_model_len is None:
+            max_model_len = _context_len(hf)
         if max_model_len < 1:
             raise ConfigError(f"--max-model-len must be at least 1, got {max_model_len}.")
         if max_model_len > _context_len(hf):
@@ -121,7 +123,9 @@ class EngineArgs:
                 f"({_context_len(hf)} positions, max_position_embeddings in its config.json): "
                 "its position table ends there; lower --max-model-len or leave it out."
             )
-        budget = self.max_num_batched_tokens or (8192 if device == "cuda" else 2048)
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            budget = 8192 if device == "cuda" else 2048
         speculative = _speculative_config(self.speculative_config)
         model_config = ModelConfig(
             model=self.model,
@@ -163,7 +167,7 @@ class EngineArgs:
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=budget,
                 max_model_len=max_model_len,
-                max_model_len_auto=not self.max_model_len,
+                max_model_len_auto=self.max_model_len is None,
                 long_prefill_token_threshold=self.long_prefill_token_threshold,
                 policy=self.scheduling_policy,
                 max_waiting_requests=self.max_waiting_requests,
@@ -402,12 +406,14 @@ def _env_default(f: dataclasses.Field) -> Any:
     assert raw is not None
     if f.type == "bool":
         return raw.lower() in ("1", "true", "yes", "on")
-    if f.name in _PARSERS:
-        return _PARSERS[f.name](raw)
     try:
+        if f.name in _PARSERS:
+            return _PARSERS[f.name](raw)
         return _arg_type(str(f.type))(raw)
-    except ValueError as e:
-        raise ConfigError(f"INFERENGINE_{f.name.upper()}={raw!r} is not a valid value.") from e
+    except (ValueError, argparse.ArgumentTypeError) as e:  # ConfigError is a ValueError
+        raise ConfigError(
+            f"INFERENGINE_{f.name.upper()}={raw!r} is not a valid value ({e})."
+        ) from e
 
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9}

@@ -29,6 +29,11 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
     return child
 
 
+def child_request_id(request_id: str, index: int) -> str:
+    """The engine-core id of sample `index` of an `n > 1` request."""
+    return f"{index}_{request_id}"
+
+
 def fan_out(
     input_processor: InputProcessor,
     output_processor: OutputProcessor,
@@ -45,7 +50,7 @@ def fan_out(
     parent = ParentRequest(request_id, params.n, params.output_kind) if params.n > 1 else None
     requests = [
         input_processor.make_request(
-            f"{index}_{request_id}" if parent else request_id,
+            child_request_id(request_id, index) if parent else request_id,
             token_ids,
             child_params(params, index) if parent else params,
             priority=priority,
@@ -116,8 +121,16 @@ class LLMEngine:
             self.core.add_request(request)
 
     def abort_request(self, request_ids: list[str]) -> None:
-        self.output_processor.abort(request_ids)
-        self.core.abort_requests(request_ids)
+        """Abort these requests; the id of an `n > 1` request aborts its samples."""
+        core_ids = []
+        for request_id in request_ids:
+            parent = self.output_processor.parents.pop(request_id, None)
+            if parent is None:
+                core_ids.append(request_id)
+            else:
+                core_ids += [child_request_id(request_id, i) for i in range(parent.n)]
+        self.output_processor.abort(core_ids)
+        self.core.abort_requests(core_ids)
 
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished_requests()

@@ -134,16 +134,19 @@ class RequestState:
 
     def _check_stop_strings(self, text_before: int) -> bool:
         # A stop string completed by the new text starts at most max_stop_len - 1 before it.
+        # Several new tokens may complete several stop strings: the earliest ends the text.
         window_start = max(0, text_before - self.max_stop_len + 1)
-        for stop in self.params.stop:
-            at = self.text.find(stop, window_start)
-            if at != -1:
-                end = at + len(stop) if self.params.include_stop_str_in_output else at
-                self.text = self.text[:end]
-                self.finish_reason = "stop"
-                self.stop_reason = stop
-                return True
-        return False
+        found = [(self.text.find(stop, window_start), i) for i, stop in enumerate(self.params.stop)]
+        found = [(at, i) for at, i in found if at != -1]
+        if not found:
+            return False
+        at, first = min(found)  # a tie: the one listed first
+        stop = self.params.stop[first]
+        end = at + len(stop) if self.params.include_stop_str_in_output else at
+        self.text = self.text[:end]
+        self.finish_reason = "stop"
+        self.stop_reason = stop
+        return True
 
     def _decoded(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id]) if self.tokenizer is not None else ""

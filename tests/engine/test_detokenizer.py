@@ -86,3 +86,57 @@ def test_special_tokens_skipped(tokenizer):
 def test_unknown_ids_beyond_the_vocabulary_decode_to_nothing(tokenizer):
     detok = IncrementalDetokenizer(tokenizer, [])
     assert detok.update([len(tokenizer) + 1000], final=True) == ""
+
+
+def _pieces(tokenizer, text: str, prompt: str = "Say:") -> list[str]:
+    detok = IncrementalDetokenizer(tokenizer, tokenizer.encode(prompt, add_special_tokens=False))
+    return [detok.update([t]) for t in tokenizer.encode(text, add_special_tokens=False)]
+
+
+def test_byte_level_pieces_wait_exactly_for_the_bytes_they_need():
+    """`café` is ca|fÃ|© (é's two bytes split); 東京 is three tokens whose middle one ends 東
+    and starts 京: nothing is shown until no character is left unfinished."""
+    tok = build_tokenizer()
+    assert tok.convert_ids_to_tokens(tok.encode("café", add_special_tokens=False)) == [
+        "ca",
+        "fÃ",
+        "©",
+    ]
+    assert _pieces(tok, "café") == ["ca", "", "fé"]
+    assert _pieces(tok, "東京") == ["", "", "東京"]
+    assert _pieces(tok, "🙂🙂") == ["", "", "🙂", "", "", "🙂"]
+
+
+def test_a_generation_ending_mid_character_flushes_it_as_a_full_decode_would(tokenizer):
+    ids = tokenizer.encode("🙂", add_special_tokens=False)[:-1]  # the last byte never comes
+    detok = IncrementalDetokenizer(tokenizer, [])
+    pieces = [detok.update([t], final=i == len(ids) - 1) for i, t in enumerate(ids)]
+    assert "".join(pieces) == tokenizer.decode(ids) != ""
+    assert pieces[-1].endswith("\ufffd")
+
+
+def test_special_tokens_kept_when_asked():
+    tok = build_tokenizer()
+    ids = [*tok.encode("Hi", add_special_tokens=False), tok.eos_token_id]
+    detok = IncrementalDetokenizer(tok, [tok.bos_token_id], skip_special_tokens=False)
+    assert detok.update(ids, final=True) == "Hi</s>"
+    detok = IncrementalDetokenizer(tok, [tok.bos_token_id])
+    assert detok.update(ids, final=True) == "Hi"
+
+
+def test_many_tokens_at_once_and_output_text_accumulates(tokenizer):
+    text = "Hello world, how are you today?"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer, [])
+    first = detok.update(ids[:3])
+    rest = detok.update(ids[3:], final=True)
+    assert first + rest == detok.output_text == tokenizer.decode(ids)
+
+
+def test_a_space_after_the_prompt_is_kept(tokenizer):
+    """The prompt's last tokens are the context: a token that starts with a space decodes with
+    it, as the whole sequence would."""
+    prompt = tokenizer.encode("Hello", add_special_tokens=False)
+    ids = tokenizer.encode("Hello world", add_special_tokens=False)[len(prompt) :]
+    detok = IncrementalDetokenizer(tokenizer, prompt)
+    assert "".join(detok.update([t]) for t in ids) == " world"

@@ -97,13 +97,17 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    from inferengine.errors import InferEngineError
+
+    try:
+        parser = build_parser()  # reads the INFERENGINE_<FLAG> defaults
+    except InferEngineError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return 1
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from inferengine.errors import InferEngineError
-
     try:
         return int(args.func(args) or 0)
     except InferEngineError as e:
