@@ -3,7 +3,6 @@ once, converted, and cached."""
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -13,8 +12,6 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -22,6 +19,7 @@ from typing import BinaryIO
 from inferengine import envs
 from inferengine.errors import ModelLoadError
 from inferengine.logger import init_logger
+from inferengine.model.loader.cache_lock import folder_lock, remove_leftovers
 
 logger = init_logger(__name__)
 
@@ -98,8 +96,7 @@ def resolve_alias(name: str) -> Path | None:
         _refresh_sampling(folder, source)  # a folder built before these defaults
         return folder
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(folder.parent / f".{folder.name}.lock"):
+        with folder_lock(folder):  # the lock a lean folder's float weights are written under
             if not _is_ready(folder, source):  # another process may have built it meanwhile
                 _build(name.lower(), source, folder)
     except OSError as e:
@@ -171,7 +168,7 @@ def _upgrade(name: str, source: WheelGGUF, folder: Path) -> None:
     weights the CPU runs on); if that fails (offline, say), keep it: it still serves, with its
     float weights only."""
     try:
-        with _locked(folder.parent / f".{folder.name}.lock"):
+        with folder_lock(folder):
             if _has_gguf(folder):  # another process upgraded it meanwhile
                 return
             logger.info("%s was prepared without its GGUF; preparing it again to keep it", name)
@@ -187,24 +184,11 @@ def _is_ready(folder: Path, source: WheelGGUF) -> bool:
         return False
 
 
-@contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    with open(lock_path, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.info("waiting for another process to finish preparing the model (%s)", lock_path)
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _build(name: str, source: WheelGGUF, folder: Path) -> None:
     from inferengine.model.loader.gguf import MARKER as GGUF_MARKER
     from inferengine.model.loader.gguf import convert_gguf
 
+    remove_leftovers(folder, (f"{READY_MARKER}.tmp",))  # a build killed halfway (we hold the lock)
     requirements = ", ".join(requirement for requirement, _ in source.parts)
     logger.info("preparing %s once: %s from PyPI (%s)", name, source.description, requirements)
     # A leftover without the ready marker is ours to replace; a finished conversion is

@@ -73,18 +73,37 @@ def _local_folder(model: str, revision: str | None, load_format: str) -> Path:
 
 
 def _converted_gguf(gguf_path: Path) -> Path:
+    from inferengine.model.loader.cache_lock import folder_lock, remove_leftovers
     from inferengine.model.loader.gguf import convert_gguf
-    from inferengine.model.loader.gguf_source import has_source
 
     stat = gguf_path.stat()
     key = f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     out_dir = envs.cache_dir() / "gguf" / f"{gguf_path.stem}-{digest}"
-    if (out_dir / "config.json").exists() and has_source(out_dir):
+    if _converted(out_dir):  # never replaced once it keeps its GGUF: no lock to wait for
         return out_dir
-    # Lean: float copies only of what the CPU's quantized path reads (the rest on demand); also
-    # replaces a conversion without the GGUF.
-    return convert_gguf(gguf_path, out_dir, lean=True)
+    # One conversion at a time: a process that comes while another converts waits and takes its
+    # folder, instead of replacing it under a process that is loading it.
+    try:
+        with folder_lock(out_dir):
+            if _converted(out_dir):
+                return out_dir
+            remove_leftovers(out_dir)
+            # Lean: float copies only of what the CPU's quantized path reads (the rest on
+            # demand); also replaces a conversion without the GGUF.
+            return convert_gguf(gguf_path, out_dir, lean=True)
+    except OSError as e:
+        raise ModelLoadError(
+            f"cannot write the model cache {out_dir.parent} ({e}); point INFERENGINE_CACHE_DIR "
+            "at a writable folder."
+        ) from e
+
+
+def _converted(folder: Path) -> bool:
+    """`folder` holds a finished conversion that keeps its GGUF."""
+    from inferengine.model.loader.gguf_source import has_source
+
+    return (folder / "config.json").exists() and has_source(folder)
 
 
 def _download(repo_id: str, revision: str | None, load_format: str) -> Path:
