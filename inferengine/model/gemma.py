@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +39,10 @@ from inferengine.model.llama import (
     ModelInit,
     attend,
 )
+from inferengine.model.quantization.base import join_prefix
+
+if TYPE_CHECKING:
+    from inferengine.model.quantization.base import QuantizationConfig
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
@@ -132,11 +136,17 @@ class GemmaRMSNorm(nn.Module):
 
 
 class GemmaMLP(nn.Module):
-    def __init__(self, spec: DecoderSpec):
+    def __init__(
+        self, spec: DecoderSpec, quant_config: QuantizationConfig | None = None, prefix: str = ""
+    ):
         super().__init__()
         size = spec.intermediate_size
-        self.gate_up_proj = MergedColumnParallelLinear(spec.hidden_size, [size, size], False)
-        self.down_proj = RowParallelLinear(size, spec.hidden_size, False)
+        self.gate_up_proj = MergedColumnParallelLinear(
+            spec.hidden_size, [size, size], False, quant_config, join_prefix(prefix, "gate_up_proj")
+        )
+        self.down_proj = RowParallelLinear(
+            size, spec.hidden_size, False, quant_config, join_prefix(prefix, "down_proj")
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -155,6 +165,8 @@ class GemmaDecoderLayer(nn.Module):
         layer_type: str,
         rotary_emb: RotaryEmbedding,
         backend: AttentionBackend,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ):
         super().__init__()
         window = spec.sliding_window if layer_type == SLIDING else None
@@ -162,8 +174,9 @@ class GemmaDecoderLayer(nn.Module):
             dataclasses.replace(spec, sliding_window=window), {}, backend,
             rotary_emb=rotary_emb, norm=GemmaRMSNorm, scale=gemma.query_pre_attn_scalar**-0.5,
             logits_soft_cap=gemma.attn_soft_cap,
+            quant_config=quant_config, prefix=join_prefix(prefix, "self_attn"),
         )  # fmt: skip
-        self.mlp = GemmaMLP(spec)
+        self.mlp = GemmaMLP(spec, quant_config, join_prefix(prefix, "mlp"))
         eps = spec.rms_norm_eps
         self.input_layernorm = GemmaRMSNorm(spec.hidden_size, eps)
         self.post_attention_layernorm = GemmaRMSNorm(spec.hidden_size, eps)
@@ -195,6 +208,8 @@ class GemmaModel(DecoderModel):
         gemma: GemmaSpec,
         hf_config: dict[str, Any],
         backend: AttentionBackend,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "model",
     ):
         start, end = pp_layer_range(spec.num_layers)
         rotary = {
@@ -204,7 +219,8 @@ class GemmaModel(DecoderModel):
 
         def make_layer(i: int) -> nn.Module:
             kind = gemma.layer_types[i]
-            return GemmaDecoderLayer(spec, gemma, kind, rotary[kind], backend)
+            name = join_prefix(prefix, f"layers.{i}")
+            return GemmaDecoderLayer(spec, gemma, kind, rotary[kind], backend, quant_config, name)
 
         super().__init__(spec, hf_config, backend, make_layer)
         if self.norm is not None:
@@ -234,7 +250,7 @@ class _GemmaForCausalLM(LlamaForCausalLM):
             spec, tie_word_embeddings=bool(c.get("tie_word_embeddings", True))
         )
         self.gemma = GemmaSpec.from_hf(c, self.version)
-        self.model = GemmaModel(self.spec, self.gemma, c, init.attn_backend)
+        self.model = GemmaModel(self.spec, self.gemma, c, init.attn_backend, init.quant_config)
         self.lm_head = (
             ParallelLMHead(self.spec.vocab_size, self.spec.hidden_size) if is_last_stage() else None
         )

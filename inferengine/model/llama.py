@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -34,15 +34,22 @@ from inferengine.model.layers.linear import (
 from inferengine.model.layers.norm import RMSNorm
 from inferengine.model.layers.rotary import RotaryEmbedding, rope_parameters, rotary_dim_of
 from inferengine.model.layers.vocab import ParallelLMHead, VocabParallelEmbedding
+from inferengine.model.quantization.base import join_prefix
 from inferengine.model.weights import load_named_weights, split_fused_rows
+
+if TYPE_CHECKING:
+    from inferengine.model.quantization.base import QuantizationConfig
 
 
 @dataclass(frozen=True)
 class ModelInit:
-    """What every model class is built from (the argument of `register_model` classes)."""
+    """What every model class is built from (the argument of `register_model` classes).
+    `quant_config`: the weights' format, which the model hands to its linear layers with each
+    one's name (`prefix`); None: unquantized."""
 
     hf_config: dict[str, Any]
     attn_backend: AttentionBackend
+    quant_config: QuantizationConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -97,8 +104,14 @@ class DecoderSpec:
         )
 
 
-def add_projections(attn: nn.Module, spec: DecoderSpec) -> None:
-    """An attention module's head counts on this rank and its qkv and output projections."""
+def add_projections(
+    attn: nn.Module,
+    spec: DecoderSpec,
+    quant_config: QuantizationConfig | None = None,
+    prefix: str = "",
+) -> None:
+    """An attention module's head counts on this rank and its qkv and output projections
+    (`prefix`: the attention module's name)."""
     tp = get_tp_size()
     attn.num_heads = spec.num_heads // tp
     attn.num_kv_heads = max(1, spec.num_kv_heads // tp)
@@ -106,9 +119,13 @@ def add_projections(attn: nn.Module, spec: DecoderSpec) -> None:
     attn.q_size = attn.num_heads * spec.head_dim
     attn.kv_size = attn.num_kv_heads * spec.head_dim
     attn.qkv_proj = QKVParallelLinear(
-        spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.qkv_bias
-    )
-    attn.o_proj = RowParallelLinear(spec.num_heads * spec.head_dim, spec.hidden_size, spec.o_bias)
+        spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.qkv_bias,
+        quant_config, join_prefix(prefix, "qkv_proj"),
+    )  # fmt: skip
+    attn.o_proj = RowParallelLinear(
+        spec.num_heads * spec.head_dim, spec.hidden_size, spec.o_bias,
+        quant_config, join_prefix(prefix, "o_proj"),
+    )  # fmt: skip
 
 
 class DecoderAttention(nn.Module):
@@ -125,9 +142,11 @@ class DecoderAttention(nn.Module):
         norm: type[nn.Module] = RMSNorm,
         scale: float | None = None,
         logits_soft_cap: float | None = None,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ):
         super().__init__()
-        add_projections(self, spec)
+        add_projections(self, spec, quant_config, prefix)
         if rotary_emb is None:
             rotary_emb = RotaryEmbedding(
                 spec.head_dim, spec.max_position, hf_config, spec.rotary_dim
@@ -163,13 +182,18 @@ class DecoderAttention(nn.Module):
 
 
 class DecoderMLP(nn.Module):
-    def __init__(self, spec: DecoderSpec):
+    def __init__(
+        self, spec: DecoderSpec, quant_config: QuantizationConfig | None = None, prefix: str = ""
+    ):
         super().__init__()
         size = spec.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(
-            spec.hidden_size, [size, size], spec.mlp_bias
+            spec.hidden_size, [size, size], spec.mlp_bias,
+            quant_config, join_prefix(prefix, "gate_up_proj"),
+        )  # fmt: skip
+        self.down_proj = RowParallelLinear(
+            size, spec.hidden_size, spec.mlp_bias, quant_config, join_prefix(prefix, "down_proj")
         )
-        self.down_proj = RowParallelLinear(size, spec.hidden_size, spec.mlp_bias)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -183,10 +207,17 @@ class DecoderLayer(nn.Module):
         hf_config: dict[str, Any],
         backend: AttentionBackend,
         mlp: nn.Module | None = None,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ):
         super().__init__()
-        self.self_attn = DecoderAttention(spec, hf_config, backend)
-        self.mlp = mlp if mlp is not None else DecoderMLP(spec)
+        self.self_attn = DecoderAttention(
+            spec, hf_config, backend,
+            quant_config=quant_config, prefix=join_prefix(prefix, "self_attn"),
+        )  # fmt: skip
+        if mlp is None:
+            mlp = DecoderMLP(spec, quant_config, join_prefix(prefix, "mlp"))
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
@@ -247,7 +278,7 @@ class MissingLayer(nn.Module):
 class DecoderModel(nn.Module):
     """With pipeline parallelism a stage builds only its layers; the first stage embeds, the
     last one normalises, and the others take and return `(hidden, residual)`. `make_layer(i)`
-    builds layer i (a `DecoderLayer` by default)."""
+    builds layer i (a `DecoderLayer` by default, named `{prefix}.layers.{i}`)."""
 
     def __init__(
         self,
@@ -255,16 +286,22 @@ class DecoderModel(nn.Module):
         hf_config: dict[str, Any],
         backend: AttentionBackend,
         make_layer: Callable[[int], nn.Module] | None = None,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "model",
     ):
         super().__init__()
         self.start_layer, self.end_layer = pp_layer_range(spec.num_layers)
         self.embed_tokens = (
             VocabParallelEmbedding(spec.vocab_size, spec.hidden_size) if is_first_stage() else None
         )
+        if make_layer is None:
+
+            def make_layer(i: int) -> nn.Module:
+                name = join_prefix(prefix, f"layers.{i}")
+                return DecoderLayer(spec, hf_config, backend, None, quant_config, name)
+
         self.layers = nn.ModuleList(
-            (make_layer(i) if make_layer else DecoderLayer(spec, hf_config, backend))
-            if self.start_layer <= i < self.end_layer
-            else MissingLayer()
+            make_layer(i) if self.start_layer <= i < self.end_layer else MissingLayer()
             for i in range(spec.num_layers)
         )
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps) if is_last_stage() else None
@@ -331,7 +368,10 @@ class LlamaForCausalLM(nn.Module):
 
     def decoder_layer(self, index: int, init: ModelInit) -> nn.Module:
         """Layer `index` (mixture-of-experts models give some layers another MLP)."""
-        return DecoderLayer(self.spec, init.hf_config, init.attn_backend)
+        return DecoderLayer(
+            self.spec, init.hf_config, init.attn_backend,
+            quant_config=init.quant_config, prefix=f"model.layers.{index}",
+        )  # fmt: skip
 
     def forward(
         self,
@@ -407,7 +447,7 @@ class Phi3ForCausalLM(LlamaForCausalLM):
     partial_rotary = True
 
     def __init__(self, init: ModelInit):
-        super().__init__(ModelInit(_phi3_config(init.hf_config), init.attn_backend))
+        super().__init__(replace(init, hf_config=_phi3_config(init.hf_config)))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         s = self.spec

@@ -67,7 +67,8 @@ class MoeForCausalLM(LlamaForCausalLM):
     def decoder_layer(self, index: int, init: ModelInit) -> nn.Module:
         c = init.hf_config
         if not self.is_sparse(index, c):
-            return DecoderLayer(self.spec, c, init.attn_backend)
+            return super().decoder_layer(index, init)
+        prefix = f"model.layers.{index}"
         block = SparseMoeBlock(
             self.spec.hidden_size,
             self.num_experts(c),
@@ -75,8 +76,12 @@ class MoeForCausalLM(LlamaForCausalLM):
             self.expert_intermediate_size(c),
             renormalize=self.renormalize(c),
             weights_in_input_dtype=self.weights_in_input_dtype,
+            quant_config=init.quant_config,
+            prefix=f"{prefix}.mlp",
         )
-        return MoeDecoderLayer(self.spec, c, init.attn_backend, mlp=block)
+        return MoeDecoderLayer(
+            self.spec, c, init.attn_backend, block, quant_config=init.quant_config, prefix=prefix
+        )
 
     def moe_blocks(self) -> dict[int, SparseMoeBlock]:
         """This pipeline stage's sparse blocks by layer index."""

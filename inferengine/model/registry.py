@@ -2,7 +2,8 @@
 
 `register_model(name, cls)` adds an architecture without touching InferEngine's code; `cls` is
 built as `cls(ModelInit)` and must offer `forward`, `compute_logits` and `load_weights` like
-`LlamaForCausalLM`. An architecture without a native class runs through Transformers' own
+`LlamaForCausalLM` (to run quantized, it hands `ModelInit.quant_config` and each layer's name
+to its linear layers). An architecture without a native class runs through Transformers' own
 modeling code on our paged attention (`model/transformers_fallback.py`), as `--model-impl`
 says: auto (native when there is one, else Transformers), native or transformers.
 """

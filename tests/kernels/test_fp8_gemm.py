@@ -249,11 +249,14 @@ def test_rms_norm_hands_fp8_to_its_linear_gpu(gen, m):
     the projection matches the unfused norm + `fp8_linear`; within it, nothing changes."""
     from inferengine.model.layers.linear import QKVParallelLinear
     from inferengine.model.layers.norm import RMSNorm
-    from inferengine.model.quantization.fp8 import Fp8LinearMethod
+    from inferengine.model.quantization.fp8 import Fp8Config
 
     hidden = 3584
-    proj = QKVParallelLinear(hidden, 128, 28, 4, bias=True).to("cuda", torch.bfloat16)
-    proj.quant_method = Fp8LinearMethod(proj, None, torch.bfloat16)
+    with torch.device("cuda"):  # built FP8, as the loader builds it
+        proj = QKVParallelLinear(
+            hidden, 128, 28, 4, bias=True, quant_config=Fp8Config(None, torch.bfloat16)
+        )
+    proj.bias.data = proj.bias.data.to(torch.bfloat16)
     proj.quant_method.set_weight(proj, torch.randn(4608, hidden, generator=gen) / hidden**0.5)
     proj.bias.data.copy_(torch.randn(4608, generator=gen))
     norm = RMSNorm(hidden).to("cuda", torch.bfloat16)

@@ -8,6 +8,8 @@ import json
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from inferengine.attention.backends.torch_ref import TorchAttentionBackend
 from inferengine.engine.arg_utils import EngineArgs
@@ -22,6 +24,7 @@ from tests.conftest import TINY_ARCHS
 from tests.model.fp8_checkpoints import SCHEMES, quantization_config, write_fp8_pair
 from tests.model.paged_runner import PagedLoop, load_tiny
 
+CPU = torch.device("cpu")
 PROMPTS = [[5, 17, 99, 42, 7, 230, 64, 12, 3], [250, 11, 11, 180, 9, 77, 301, 56, 2, 40, 41]]
 
 
@@ -111,6 +114,46 @@ def test_every_architecture_runs_fp8(tiny_checkpoint, arch):
     model, _ = load(path, "fp8")
     stats = compare_logits(logits_of(ref, config), logits_of(model, config))
     assert stats.mean_kl < 0.005 and stats.argmax_agreement >= 0.8, stats
+    # Each layer was built knowing its name (what a checkpoint's ignore list matches).
+    named = [(n, m) for n, m in model.named_modules() if hasattr(m, "quant_method")]
+    assert named and all(m.prefix == name for name, m in named), named
+
+
+class FloatShapes(TorchDispatchMode):
+    """The shapes of every 16/32-bit tensor any torch op makes while it is on."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: set[tuple[int, ...]] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.bfloat16):
+                self.shapes.add(tuple(t.shape))
+        return out
+
+
+def test_fp8_layers_are_built_fp8(tiny_checkpoint):
+    """Quantization at construction: an FP8 model's linear layers are created with FP8 weights,
+    and a float checkpoint's tensors are quantized one shard at a time as they load, so no fused
+    layer's full-precision weight ([gate+up, H]) ever exists; an unquantized load does make it
+    (the check sees what it looks for). (Dummy weights are drawn a whole layer at a time.)"""
+    _, config = load(tiny_checkpoint("qwen2"))
+    with FloatShapes() as unquantized:
+        load_model(config, CPU, TorchAttentionBackend())
+    with FloatShapes() as fp8:
+        model = load_model(dataclasses.replace(config, quantization="fp8"), CPU,
+                           TorchAttentionBackend())  # fmt: skip
+    linears = [
+        m for m in model.modules() if isinstance(getattr(m, "quant_method", None), Fp8LinearMethod)
+    ]
+    assert len(linears) == 4 * len(model.model.layers)
+    assert all(m.weight.dtype == FP8_DTYPE for m in linears)
+    shards = {(size, m.input_size) for m in linears for size in m.output_sizes}
+    fused = {tuple(m.weight.shape) for m in linears} - shards  # no shard has these shapes
+    assert fused and fused <= unquantized.shapes
+    assert not fused & fp8.shapes, fused & fp8.shapes
 
 
 def test_dummy_weights_quantize_the_unquantized_dummy_weights(tiny_checkpoint):

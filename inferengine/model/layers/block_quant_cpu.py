@@ -113,21 +113,29 @@ class _Packed:
 
 
 class BlockQuantLinearMethod:
-    """A linear layer's `quant_method` over a block-quantized weight: the float weight
-    parameter is dropped and the layer holds the packed buffers."""
+    """A linear layer's `quant_method` over a block-quantized weight (read when the layer is
+    built, e.g. from a GGUF): the layer holds the packed buffers and no float weight."""
 
-    def __init__(self, layer: nn.Module, weight: BlockQuantWeight):
-        old = getattr(layer, "weight", None)
-        if old is not None and tuple(old.shape) != weight.shape:
+    def __init__(self, weight: BlockQuantWeight):
+        self.weight: BlockQuantWeight | None = weight  # until packed into the layer
+        self.packed: _Packed | None = None
+
+    def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int]) -> None:
+        assert self.weight is not None, "a block-quantized method serves one layer"
+        if self.weight.shape != (sum(output_sizes), input_size):
             raise ValueError(
-                f"block weight {weight.shape} does not fit the layer's weight {tuple(old.shape)}"
+                f"block weight {self.weight.shape} does not fit the layer's weight "
+                f"{(sum(output_sizes), input_size)}"
             )
-        if "weight" in layer._parameters:
-            del layer._parameters["weight"]
-        self.packed = _Packed(layer, weight)
+        self.packed = _Packed(layer, self.weight)
+        self.weight = None
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        assert self.packed is not None
         return self.packed.matmul(x, bias)
+
+    def process_after_loading(self, layer: nn.Module) -> None:
+        pass
 
 
 class BlockQuantLMHead(nn.Module):

@@ -2,14 +2,17 @@
 
 Column-parallel layers split output features across tensor-parallel ranks, row-parallel ones
 split input features and all-reduce. With one rank they are plain `F.linear`. Each layer holds
-a `quant_method` that owns its weights' format and its matmul: unquantized here; the loader
-swaps in another (FP8: `model/quantization/fp8.py`) before the weights come.
+a `quant_method` that owns its weights' format and its matmul, asked of the model's
+`quant_config` when the layer is built (`model/quantization/base.py`): unquantized here, FP8
+(`model/quantization/fp8.py`), GGUF blocks on the CPU (`model/loader/gguf_quantized.py`). The
+method creates the weight parameters; the layer keeps the bias, its shard geometry
+(`placement`) and the plain weight loaders.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +20,10 @@ from torch import nn
 
 from inferengine.distributed.parallel_state import get_tp_rank, get_tp_size, tp_all_reduce
 from inferengine.model.layers.fused import use_fused_kernels
+from inferengine.model.quantization.base import QKV_SHARD_IDS
+
+if TYPE_CHECKING:
+    from inferengine.model.quantization.base import QuantizationConfig, QuantMethod
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -30,19 +37,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-class LinearMethod(Protocol):
-    """A layer's weight format and matmul. A method may also define
-    `takes_fp8_input(layer, x) -> bool`: when it says yes, the RMSNorm that makes x hands it
-    over already quantized (`fp8_gemm.Fp8Input`), and `apply` must take that (FP8 does)."""
-
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x Wᵀ + b with the layer's weights in this method's format."""
-        ...
-
-
 class UnquantizedLinearMethod:
+    """Full-precision weights [out, in] in the model's dtype (the default dtype the model is
+    built under), filled by the layer's own weight loader."""
+
+    def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int]) -> None:
+        layer.weight = _param(sum(output_sizes), input_size)
+        layer.weight.weight_loader = layer.weight_loader
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return linear(x, layer.weight, bias)
+
+    def process_after_loading(self, layer: nn.Module) -> None:
+        pass
 
 
 UNQUANTIZED = UnquantizedLinearMethod()
@@ -106,10 +113,25 @@ def default_weight_loader(param: nn.Parameter, loaded) -> None:
     param.data.copy_(read_all(loaded))
 
 
+def make_quant_method(
+    layer: nn.Module, quant_config: QuantizationConfig | None, prefix: str
+) -> QuantMethod:
+    """The method `quant_config` gives linear layer `prefix`; unquantized without one."""
+    method = None if quant_config is None else quant_config.linear_method(layer, prefix)
+    return UNQUANTIZED if method is None else method
+
+
 class ColumnParallelLinear(nn.Module):
     """y = x Wᵀ + b with W's rows (output features) split across ranks."""
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False):
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: list[int],
+        bias: bool = False,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ):
         super().__init__()
         tp = get_tp_size()
         for size in output_sizes:
@@ -117,13 +139,14 @@ class ColumnParallelLinear(nn.Module):
                 raise ValueError(
                     f"output size {size} is not divisible by tensor parallel size {tp}"
                 )
+        self.input_size = input_size
         self.output_sizes = [s // tp for s in output_sizes]  # per-rank shard sizes
-        self.weight = _param(sum(self.output_sizes), input_size)
-        self.weight.weight_loader = self.weight_loader
+        self.prefix = prefix
+        self.quant_method = make_quant_method(self, quant_config, prefix)
+        self.quant_method.create_weights(self, input_size, self.output_sizes)
         self.bias = _param(sum(self.output_sizes)) if bias else None
         if self.bias is not None:
             self.bias.weight_loader = self.weight_loader
-        self.quant_method: LinearMethod = UNQUANTIZED
 
     def shard_offset(self, shard_id: int) -> int:
         return sum(self.output_sizes[:shard_id])
@@ -155,21 +178,27 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 class QKVParallelLinear(ColumnParallelLinear):
     """Query, key and value projections in one matmul; shard ids are "q", "k", "v"."""
 
-    SHARD_IDS = {"q": 0, "k": 1, "v": 2}
+    SHARD_IDS = QKV_SHARD_IDS
 
     def __init__(
-        self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        bias: bool,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ):
         tp = get_tp_size()
         if num_kv_heads % tp and tp % num_kv_heads:
             raise ValueError(f"{num_kv_heads} KV heads cannot be split over {tp} ranks")
         # With more ranks than KV heads, each rank keeps one (replicated) KV head.
         self.kv_replicas = max(1, tp // num_kv_heads)
-        kv_total = num_kv_heads * self.kv_replicas
-        super().__init__(
-            hidden_size, [num_heads * head_dim, kv_total * head_dim, kv_total * head_dim], bias
-        )
         self.head_dim = head_dim
+        kv_total = num_kv_heads * self.kv_replicas
+        sizes = [num_heads * head_dim, kv_total * head_dim, kv_total * head_dim]
+        super().__init__(hidden_size, sizes, bias, quant_config, prefix)
 
     def placement(self, shard_id: int | str | None) -> ShardPlacement:
         index = self.SHARD_IDS[shard_id] if isinstance(shard_id, str) else shard_id
@@ -185,24 +214,33 @@ class QKVParallelLinear(ColumnParallelLinear):
 class RowParallelLinear(nn.Module):
     """y = x Wᵀ + b with W's columns (input features) split across ranks, then all-reduced."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ):
         super().__init__()
         tp = get_tp_size()
         if input_size % tp:
             raise ValueError(
                 f"input size {input_size} is not divisible by tensor parallel size {tp}"
             )
-        self.input_size = input_size // tp
-        self.weight = _param(output_size, self.input_size)
-        self.weight.weight_loader = self.weight_loader
+        self.input_size = input_size // tp  # this rank's columns
+        self.output_size = output_size
+        self.output_sizes = [output_size]
+        self.prefix = prefix
+        self.quant_method = make_quant_method(self, quant_config, prefix)
+        self.quant_method.create_weights(self, self.input_size, self.output_sizes)
         self.bias = _param(output_size) if bias else None
         if self.bias is not None:
             self.bias.weight_loader = default_weight_loader
-        self.quant_method: LinearMethod = UNQUANTIZED
 
     def placement(self, shard_id: None = None) -> ShardPlacement:
         """Every row; this rank's columns."""
-        rows, cols = self.weight.shape[0], self.input_size
+        rows, cols = self.output_size, self.input_size
         return ShardPlacement(0, rows, 0, get_tp_rank() * cols, cols, cols * get_tp_size())
 
     def weight_loader(self, param: nn.Parameter, loaded) -> None:

@@ -8,7 +8,7 @@ the block's output. The router is replicated, so every rank routes alike.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -17,6 +17,10 @@ from inferengine.distributed.parallel_state import get_tp_rank, get_tp_size, tp_
 from inferengine.kernels.fused_moe import fused_moe_ref, select_experts
 from inferengine.model.layers.fused import use_fused_kernels
 from inferengine.model.layers.linear import default_weight_loader, linear, shape_of
+from inferengine.model.quantization.base import join_prefix
+
+if TYPE_CHECKING:
+    from inferengine.model.quantization.base import QuantizationConfig
 
 # Expert shard ids: which half of gate_up_proj a per-expert tensor fills (down has one part).
 GATE, UP, DOWN = 0, 1, 2
@@ -38,15 +42,53 @@ class Router(nn.Module):
         return linear(x, self.weight)
 
 
+class UnquantizedExpertsMethod:
+    """Experts' weights in the model's dtype, run by the fused-experts kernel (its torch
+    reference off CUDA). The experts' `quant_method`: a quantized format (FP8 experts, say)
+    would create its own stacked weights and scales here and run a kernel that takes them."""
+
+    def create_weights(
+        self, layer: nn.Module, num_experts: int, hidden_size: int, shard: int
+    ) -> None:
+        layer.gate_up_proj = _param(num_experts, 2 * shard, hidden_size)
+        layer.down_proj = _param(num_experts, hidden_size, shard)
+        layer.gate_up_proj.weight_loader = layer.weight_loader
+        layer.down_proj.weight_loader = layer.weight_loader
+
+    def apply(
+        self,
+        layer: nn.Module,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        if use_fused_kernels(x):
+            from inferengine.kernels.fused_moe import fused_moe
+
+            return fused_moe(x, layer.gate_up_proj, layer.down_proj, topk_weights, topk_ids)
+        return fused_moe_ref(x, layer.gate_up_proj, layer.down_proj, topk_weights, topk_ids)
+
+    def process_after_loading(self, layer: nn.Module) -> None:
+        pass
+
+
 class FusedExperts(nn.Module):
     """All experts' weights stacked: gate_up_proj [E, 2·I/tp, H] (this rank's gate rows, then
     its up rows) and down_proj [E, H, I/tp], in Transformers 5's fused layout and names.
 
     Loads either the fused tensors (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj`
-    [E, H, I]) or per-expert ones with shard id `(expert, GATE | UP | DOWN)`.
+    [E, H, I]) or per-expert ones with shard id `(expert, GATE | UP | DOWN)`. Its weights'
+    format is the `quant_config`'s `experts_method` (unquantized: the only one there is yet).
     """
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ):
         super().__init__()
         tp = get_tp_size()
         if intermediate_size % tp:
@@ -57,10 +99,10 @@ class FusedExperts(nn.Module):
         self.num_experts = num_experts
         self.intermediate_size = intermediate_size
         self.shard = intermediate_size // tp
-        self.gate_up_proj = _param(num_experts, 2 * self.shard, hidden_size)
-        self.down_proj = _param(num_experts, hidden_size, self.shard)
-        self.gate_up_proj.weight_loader = self.weight_loader
-        self.down_proj.weight_loader = self.weight_loader
+        self.prefix = prefix
+        method = None if quant_config is None else quant_config.experts_method(self, prefix)
+        self.quant_method = UnquantizedExpertsMethod() if method is None else method
+        self.quant_method.create_weights(self, num_experts, hidden_size, self.shard)
         # (expert, part) filled so far, part GATE, UP or DOWN: a load must fill them all.
         self.loaded_parts: set[tuple[int, int]] = set()
 
@@ -111,11 +153,7 @@ class FusedExperts(nn.Module):
         self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
         """This rank's partial sum of the chosen experts' outputs (not yet all-reduced)."""
-        if use_fused_kernels(x):
-            from inferengine.kernels.fused_moe import fused_moe
-
-            return fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
-        return fused_moe_ref(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
+        return self.quant_method.apply(self, x, topk_weights, topk_ids)
 
 
 class SparseMoeBlock(nn.Module):
@@ -134,6 +172,8 @@ class SparseMoeBlock(nn.Module):
         intermediate_size: int,
         renormalize: bool,
         weights_in_input_dtype: bool = False,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ):
         super().__init__()
         self.top_k = top_k
@@ -142,7 +182,14 @@ class SparseMoeBlock(nn.Module):
         # Qwen3-MoE rounds the routing weights to the hidden dtype, Mixtral keeps float32.
         self.weights_in_input_dtype = weights_in_input_dtype
         self.gate = Router(hidden_size, num_experts)
-        self.experts = FusedExperts(num_experts, hidden_size, intermediate_size)
+        # The router stays unquantized in every format (as in vLLM); the experts ask the config.
+        self.experts = FusedExperts(
+            num_experts,
+            hidden_size,
+            intermediate_size,
+            quant_config,
+            join_prefix(prefix, "experts"),
+        )
         # The last bin takes padding tokens.
         counts = torch.zeros(num_experts + 1, dtype=torch.int64)
         self.register_buffer("expert_tokens", counts, persistent=False)

@@ -1,6 +1,7 @@
 """GGUF weights kept quantized on the CPU: Q4_0, Q4_1, Q4_K, Q8_0 and Q5_0 linear weights go
 from the GGUF beside a converted folder straight into block-quantized layers
-(`layers/block_quant_cpu.py`, run by our C++ kernels), never to float.
+(`layers/block_quant_cpu.py`, run by our C++ kernels), never to float: the model is built in
+`GGUFBlockConfig`, whose layers are created over the GGUF's blocks.
 
 Each of those types is, exactly, integer values in blocks of 32 with one scale (and, for the
 4-bit ones, one offset) per block:
@@ -42,11 +43,6 @@ from inferengine.model.layers.block_quant_cpu import (
     fits_kernels,
 )
 from inferengine.model.layers.fp16_cpu import fp16_gemm_available
-from inferengine.model.layers.linear import (
-    ColumnParallelLinear,
-    QKVParallelLinear,
-    RowParallelLinear,
-)
 from inferengine.model.layers.vocab import ParallelLMHead, VocabParallelEmbedding
 from inferengine.model.loader.gguf import _hf_name, _layout, _unpermute
 from inferengine.model.loader.gguf_source import (
@@ -56,6 +52,7 @@ from inferengine.model.loader.gguf_source import (
     SourceTensor,
     has_source,
 )
+from inferengine.model.quantization.base import QuantizationConfig
 
 logger = init_logger(__name__)
 
@@ -130,59 +127,123 @@ def _q5_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
 _DECODERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k, "Q8_0": _q8_0, "Q5_0": _q5_0}
 
 
-def install_gguf_linears(
-    model: nn.Module, model_config: ModelConfig, device: torch.device, dtype: torch.dtype
-) -> frozenset[str]:
-    """Give each linear layer whose GGUF weights are of a type our kernels take a
-    `BlockQuantLinearMethod` filled from the GGUF, and the LM head too; return the checkpoint
-    names of the weights taken (not to be read again). Does nothing off the CPU, for folders
-    not converted from a GGUF, or when the dense path is asked for or the kernels are
-    unavailable (logged)."""
+class GGUFBlockConfig(QuantizationConfig):
+    """A converted GGUF's weights on the CPU: each linear layer whose GGUF weights are of a
+    type our kernels take is built over them (`BlockQuantLinearMethod`, its blocks read from
+    the GGUF as the layer is built); the others are built unquantized and load the folder's
+    float weights. After construction the token embedding and LM head are swapped for
+    block-quantized ones where their GGUF weights allow (they are not built by a quant method
+    yet). `blocks` False (our kernels unavailable): every layer loads dense.
+
+    With nothing kept quantized, a float32 model's dense linears and head run through fbgemm's
+    float16 GEMM after loading (`fp16`; `layers/fp16_cpu.py`)."""
+
+    name = "gguf"
+
+    def __init__(
+        self,
+        folder: Path,
+        hf_config: dict[str, Any],
+        dtype: torch.dtype,
+        *,
+        blocks: bool,
+        fp16: bool,
+        packed_modules: Any = (),
+    ):
+        super().__init__(packed_modules)
+        self.source = GGUFSource(folder)
+        layout = _layout(self.source.architecture)
+        self.by_name = {
+            _hf_name(n, layout.layer_tensors): t for n, t in self.source.tensors.items()
+        }
+        self.heads = _permuted_heads(hf_config) if layout.permuted_qk else {}
+        self.dtype = dtype
+        self.blocks = blocks
+        self.fp16 = fp16
+        self.taken: set[str] = set()  # checkpoint names read from the GGUF, not as floats
+        self.kept: Counter[str] = Counter()
+        self.dense_types: Counter[str] = Counter()
+
+    def linear_method(self, layer: nn.Module, prefix: str) -> BlockQuantLinearMethod | None:
+        if not self.blocks:
+            return None
+        modules = self.checkpoint_modules(prefix, len(layer.output_sizes))
+        if not modules:
+            return None  # not a layout we know: stays dense (a missing name is never quantized)
+        names = [f"{m}.weight" for m in modules]
+        tensors = [self.by_name.get(n) for n in names]
+        types = [t.type if t is not None else "missing" for t in tensors]
+        if not all(t in BLOCK_TYPES for t in types):
+            self.dense_types.update(t for t in types if t not in BLOCK_TYPES)
+            return None
+        weight = BlockQuantWeight.stack_rows(
+            [_block(self.source, t, self.heads) for t in tensors if t]
+        )
+        if weight is None or not fits_kernels(weight.shape):
+            self.dense_types.update(f"{t} (mixed kinds or shape)" for t in types)
+            return None
+        self.taken.update(names)
+        self.kept.update(types)
+        return BlockQuantLinearMethod(weight)
+
+    def finish_construction(self, model: nn.Module) -> None:
+        """The embedding and LM head swapped for ones over the GGUF's blocks where those allow
+        (not built by a quant method yet); the summary log line."""
+        if self.blocks:
+            embedding = _install_embedding(model, self.source, self.by_name, self.dtype)
+            if embedding is not None:
+                self.kept[f"embedding {embedding}"] += 1
+                self.taken.add("model.embed_tokens.weight")
+            head = _install_lm_head(model, self.source, self.by_name, embedding is None)
+            if head is not None:
+                self.kept[f"LM head {head}"] += 1
+                self.taken.add("lm_head.weight")  # untied: not read; tied: the checkpoint has none
+            _log_summary(self.source.path, self.kept, self.dense_types, self.dtype)
+
+    def skipped_checkpoint_names(self) -> frozenset[str]:
+        return frozenset(self.taken)
+
+    def process_after_loading(self, model: nn.Module) -> None:
+        super().process_after_loading(model)
+        if self.fp16 and not self.taken:
+            from inferengine.model.layers.fp16_cpu import pack_linears_fp16
+
+            logger.info(
+                "GGUF weights: %d linear layers as float16 under fbgemm's GEMM (float32 compute, "
+                "half the bytes of float32); --gguf-dequantize keeps them float32",
+                pack_linears_fp16(model),
+            )
+
+    def describe(self) -> str:
+        return " with quantized GGUF weights" if self.taken else ""
+
+
+def gguf_quant_config(
+    model_config: ModelConfig, device: torch.device, dtype: torch.dtype, packed_modules: Any = ()
+) -> GGUFBlockConfig | None:
+    """The format of a folder converted from a GGUF, loaded on the CPU: its quantized weights
+    kept in their blocks (unless the dense path is asked for or our kernels are unavailable,
+    logged), or its dense float32 weights under fbgemm's float16 GEMM. None: plain floats (off
+    the CPU, dummy weights, a folder not converted from a GGUF, or neither applies)."""
     folder = Path(model_config.model_path)
     if device.type != "cpu" or model_config.load_format == "dummy" or not has_source(folder):
-        return frozenset()
+        return None
     reason = _why_dense(model_config)
     if reason is None and cpu_native.native_ops() is None:
         reason = f"our CPU kernels are unavailable ({cpu_native.unavailable_reason()})"
     if reason is not None:
         logger.info("GGUF weights dequantized to %s: %s", str(dtype).removeprefix("torch."), reason)
-        return frozenset()
-    source = GGUFSource(folder)
-    layout = _layout(source.architecture)
-    by_name = {_hf_name(n, layout.layer_tensors): t for n, t in source.tensors.items()}
-    heads = _permuted_heads(model_config.hf_config) if layout.permuted_qk else {}
-    stacked = getattr(model, "stacked_params", ())
-    taken: set[str] = set()
-    kept: Counter[str] = Counter()
-    dense_types: Counter[str] = Counter()
-    for name, module in model.named_modules():
-        if not isinstance(module, ColumnParallelLinear | RowParallelLinear):
-            continue
-        names = _checkpoint_weights(name, module, stacked)
-        if not names:
-            continue
-        tensors = [by_name.get(n) for n in names]
-        types = [t.type if t is not None else "missing" for t in tensors]
-        if not all(t in BLOCK_TYPES for t in types):
-            dense_types.update(t for t in types if t not in BLOCK_TYPES)
-            continue
-        weight = BlockQuantWeight.stack_rows([_block(source, t, heads) for t in tensors if t])
-        if weight is None or not fits_kernels(weight.shape):
-            dense_types.update(f"{t} (mixed kinds or shape)" for t in types)
-            continue
-        module.quant_method = BlockQuantLinearMethod(module, weight)
-        taken.update(names)
-        kept.update(types)
-    embedding = _install_embedding(model, source, by_name, dtype)
-    if embedding is not None:
-        kept[f"embedding {embedding}"] += 1
-        taken.add("model.embed_tokens.weight")
-    head = _install_lm_head(model, source, by_name, dense_table=embedding is None)
-    if head is not None:
-        kept[f"LM head {head}"] += 1
-        taken.add("lm_head.weight")  # untied: not read; tied: the checkpoint has none
-    _log_summary(source.path, kept, dense_types, dtype)
-    return frozenset(taken)
+    fp16 = wants_fp16_weights(model_config, device, dtype)
+    if reason is not None and not fp16:
+        return None
+    return GGUFBlockConfig(
+        folder,
+        model_config.hf_config,
+        dtype,
+        blocks=reason is None,
+        fp16=fp16,
+        packed_modules=packed_modules,
+    )
 
 
 def _install_embedding(
@@ -275,24 +336,6 @@ def _block(source: GGUFSource, tensor: SourceTensor, heads: dict[str, int]) -> B
         data = _unpermute(data, heads[role])
     rows, cols = tensor.shape
     return block_weight(data, tensor.type, (rows, cols))
-
-
-def _checkpoint_weights(name: str, module: nn.Module, stacked: Any) -> list[str]:
-    """The checkpoint weights of our layer `name` in row order: one, or each shard of a fused
-    layer (qkv_proj <- q_proj, k_proj, v_proj via the model's `stacked_params`)."""
-    last = name.rsplit(".", 1)[-1]
-    shards = []
-    for hf_part, our_part, shard_id in stacked:
-        if our_part == last:
-            index = QKVParallelLinear.SHARD_IDS[shard_id] if isinstance(shard_id, str) else shard_id
-            shards.append((index, hf_part))
-    if not shards:
-        return [f"{name}.weight"]
-    prefix = name[: -len(last)]
-    sizes = getattr(module, "output_sizes", [])
-    if len(shards) != len(sizes):
-        return []  # not a layout we know: stays dense (a missing name is never kept quantized)
-    return [f"{prefix}{hf_part}.weight" for _, hf_part in sorted(shards)]
 
 
 def _log_summary(source: Path, kept: Counter[str], dense: Counter[str], dtype: torch.dtype) -> None:

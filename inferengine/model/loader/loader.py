@@ -1,8 +1,10 @@
-"""Builds a model on its device in its dtype and fills its weights."""
+"""Builds a model on its device in its dtype, its layers in their weight format, and fills its
+weights."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -12,12 +14,8 @@ from inferengine.config import ModelConfig
 from inferengine.logger import init_logger
 from inferengine.model.llama import ModelInit
 from inferengine.model.loader.gguf_floats import ensure_float_weights
-from inferengine.model.loader.gguf_quantized import (
-    install_gguf_linears,
-    skip_names,
-    wants_fp16_weights,
-)
-from inferengine.model.quantization.formats import fp8_checkpoint
+from inferengine.model.loader.gguf_quantized import skip_names
+from inferengine.model.quantization.choose import quant_config_for
 from inferengine.model.registry import resolve_model_class
 from inferengine.model.weights import init_dummy_weights, iterate_safetensors
 
@@ -32,53 +30,40 @@ def load_model(
     start = time.perf_counter()
     cls = resolve_model_class(model_config.hf_config, model_config.model_impl)
     dtype = TORCH_DTYPES[model_config.dtype]
+    # The layers are created in their format (FP8, GGUF blocks): no full-precision copy of a
+    # quantized model is ever built.
+    quant_config = quant_config_for(model_config, device, dtype, getattr(cls, "stacked_params", ()))
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = cls(ModelInit(model_config.hf_config, attn_backend))
+            model = cls(ModelInit(model_config.hf_config, attn_backend, quant_config))
     finally:
         torch.set_default_dtype(previous)
-    # An FP8 checkpoint is FP8 even without the flag (a draft model's, say).
-    checkpoint = fp8_checkpoint(model_config.hf_config)
-    fp8 = model_config.quantization == "fp8" or checkpoint is not None
-    if fp8:
-        from inferengine.model.quantization import fp8 as fp8_layers
-
-        fp8_layers.quantize_model(model, checkpoint, dtype)
-    # A GGUF's quantized weights stay quantized on the CPU (unless FP8 was asked for); those names
-    # are not read as floats.
-    quantized = frozenset() if fp8 else install_gguf_linears(model, model_config, device, dtype)
+    if quant_config is not None:
+        quant_config.finish_construction(model)
     # Buffers computed in float32 (the rotary cos/sin table) stay float32.
     if model_config.load_format == "dummy":
         if hasattr(model, "materialize"):  # built on the meta device until its weights come
             model.materialize()
         init_dummy_weights(model, model_config.seed)
     else:
-        from pathlib import Path
-
-        wanted = skip_names(getattr(model, "wants_weight", None), quantized)
+        # Weights a layer took elsewhere (a GGUF's blocks) are not read as floats.
+        skipped = frozenset() if quant_config is None else quant_config.skipped_checkpoint_names()
+        wanted = skip_names(getattr(model, "wants_weight", None), skipped)
         ensure_float_weights(Path(model_config.model_path), wanted)  # a lean GGUF folder's
         weights = iterate_safetensors(Path(model_config.model_path), wanted)
-        if fp8:
-            weights = fp8_layers.checkpoint_tensors(weights, checkpoint)
+        if quant_config is not None:
+            weights = quant_config.checkpoint_tensors(weights)
         model.load_weights(weights)
-    if fp8:
-        fp8_layers.finish_loading(model)
-    if not fp8 and not quantized and wants_fp16_weights(model_config, device, dtype):
-        from inferengine.model.layers.fp16_cpu import pack_linears_fp16
-
-        logger.info(
-            "GGUF weights: %d linear layers as float16 under fbgemm's GEMM (float32 compute, "
-            "half the bytes of float32); --gguf-dequantize keeps them float32",
-            pack_linears_fp16(model),
-        )
+    if quant_config is not None:
+        quant_config.process_after_loading(model)
     model.eval()
     logger.info(
         "loaded %s (%s%s, %s) in %.2f s",
         model_config.architecture,
         model_config.dtype,
-        " with FP8 weights" if fp8 else " with quantized GGUF weights" if quantized else "",
+        "" if quant_config is None else quant_config.describe(),
         "dummy weights" if model_config.load_format == "dummy" else "safetensors",
         time.perf_counter() - start,
     )

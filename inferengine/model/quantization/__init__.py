@@ -1,2 +1,4 @@
-"""Quantized weights: the checkpoint formats we read (`formats`), the FP8 linear method
-(`fp8`), and the accuracy comparison against the unquantized model (`compare`)."""
+"""Quantized weights: the seam between a weight format and the layers (`base`: a model's
+`QuantizationConfig` gives each layer its `QuantMethod` at construction), the checkpoint formats
+we read (`formats`), which config a load builds (`choose`), the FP8 method (`fp8`), and the
+accuracy comparison against the unquantized model (`compare`)."""

@@ -1,16 +1,19 @@
 """FP8 linear layers: weights float8_e4m3fn [out, in] with one float32 scale per output row.
 
-`quantize_model` gives each column- and row-parallel linear an `Fp8LinearMethod` before the
-weights come. Its loaders take what the checkpoint holds, shard by shard (so fused qkv and
-gate_up keep each part's scales):
-- 16/32-bit weights (and `--load-format dummy`): quantized per row as they load;
+`Fp8Config` gives each column- and row-parallel linear an `Fp8LinearMethod` when the layer is
+built (those the checkpoint's ignore list names stay unquantized), and the method creates the
+FP8 weight and its scales there: no full-precision weight is ever allocated. Its loaders take
+what the checkpoint holds, shard by shard (so fused qkv and gate_up keep each part's scales):
+- 16/32-bit weights (and `--load-format dummy`): quantized per row as they load (a shard's
+  float copy is the only one there is, and only while it loads);
 - FP8 weights with per-tensor scales: kept as they are, the scale copied to each row (exact);
 - FP8 weights with per-channel scales: kept as they are (exact);
 - FP8 weights with block scales (`weight_scale_inv`, e.g. 128x128): dequantized and quantized
-  again per row after loading (`finish_loading`), one more rounding: the kernels take one
+  again per row after loading (`process_after_loading`), one more rounding: the kernels take one
   scale per row.
 Static `input_scale`s are not used: activations are always quantized per token, dynamically.
-The LM head, embeddings, MoE experts and routers stay unquantized.
+The LM head, embeddings, MoE experts and routers stay unquantized (an FP8 checkpoint of a
+mixture-of-experts model is refused when its experts are built).
 """
 
 from __future__ import annotations
@@ -30,13 +33,8 @@ from inferengine.kernels.fp8_gemm import (
     takes_fp8_input,
 )
 from inferengine.logger import init_logger
-from inferengine.model.layers.linear import (
-    ColumnParallelLinear,
-    RowParallelLinear,
-    ShardPlacement,
-    shape_of,
-)
-from inferengine.model.layers.moe import FusedExperts
+from inferengine.model.layers.linear import ShardPlacement, shape_of
+from inferengine.model.quantization.base import QuantizationConfig
 from inferengine.model.quantization.formats import Fp8Checkpoint
 
 logger = init_logger(__name__)
@@ -46,32 +44,88 @@ logger = init_logger(__name__)
 _UNUSED_SUFFIXES = (".input_scale",)
 
 
+class Fp8Config(QuantizationConfig):
+    """FP8 weights for a model's linear layers: quantized on load from a 16/32-bit checkpoint
+    (`checkpoint` None: `--quantization fp8`), or read from an FP8 checkpoint. `dtype`: the
+    model's, in which dummy weights are drawn before they are quantized."""
+
+    name = "fp8"
+
+    def __init__(
+        self,
+        checkpoint: Fp8Checkpoint | None,
+        dtype: torch.dtype,
+        packed_modules: Iterable[tuple[str, str, Any]] = (),
+    ):
+        super().__init__(packed_modules)
+        self.checkpoint = checkpoint
+        self.dtype = dtype
+        self._logged_experts = False
+
+    def linear_method(self, layer: nn.Module, prefix: str) -> Fp8LinearMethod | None:
+        if self.checkpoint is not None and self.checkpoint.ignores(self.checkpoint_modules(prefix)):
+            return None
+        return Fp8LinearMethod(self.checkpoint, self.dtype)
+
+    def experts_method(self, layer: nn.Module, prefix: str) -> None:
+        if self.checkpoint is not None:
+            raise ModelLoadError(
+                "FP8 checkpoints of mixture-of-experts models are not supported yet (their expert "
+                "weights are FP8). Load the model's bf16 checkpoint with --quantization fp8, which "
+                "quantizes the attention and dense layers and keeps the experts in bf16."
+            )
+        if not self._logged_experts:
+            logger.info("FP8: the mixture-of-experts experts and routers stay in %s", self.dtype)
+            self._logged_experts = True
+        return None
+
+    def finish_construction(self, model: nn.Module) -> None:
+        if not any(isinstance(getattr(m, "quant_method", None), Fp8LinearMethod) for m in
+                   model.modules()):  # fmt: skip
+            raise ModelLoadError(
+                f"{type(model).__name__} has no linear layers FP8 can take; run it unquantized."
+            )
+
+    def checkpoint_tensors(self, weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+        """A checkpoint's tensors as the FP8 layers take them: `weight_scale_inv` (block scales)
+        renamed `weight_scale`, static `input_scale`s dropped."""
+        for name, tensor in weights:
+            if name.endswith(_UNUSED_SUFFIXES):
+                continue
+            if name.endswith(".weight_scale_inv"):
+                name = name.removesuffix("_inv")
+            yield name, tensor
+
+    def describe(self) -> str:
+        return " with FP8 weights"
+
+
 class Fp8LinearMethod:
     """One layer's FP8 weights: their parameters, loaders and matmul."""
 
-    def __init__(self, layer: nn.Module, checkpoint: Fp8Checkpoint | None, dtype: torch.dtype):
+    def __init__(self, checkpoint: Fp8Checkpoint | None, dtype: torch.dtype):
         self.checkpoint = checkpoint
+        self.dtype = dtype
         # Block scales wait here until the weights they scale have loaded.
         self.pending_blocks: list[tuple[ShardPlacement, torch.Tensor]] = []
-        old = layer.weight
-        weight = nn.Parameter(
-            torch.empty(old.shape, dtype=FP8_DTYPE, device=old.device), requires_grad=False
-        )
+
+    def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int]) -> None:
+        rows = sum(output_sizes)
+        weight = nn.Parameter(torch.empty(rows, input_size, dtype=FP8_DTYPE), requires_grad=False)
         weight.weight_loader = lambda param, loaded, shard_id=None: self.load_weight(
             layer, loaded, shard_id
         )
-        weight.dummy_dtype = dtype  # `init_dummy_weights` draws these in `dtype`...
+        weight.dummy_dtype = self.dtype  # `init_dummy_weights` draws these in `dtype`...
         weight.quantize_from = lambda w: self.set_weight(layer, w)  # ...and hands them here
-        # NaN until loaded: `finish_loading` finds a layer whose scales never came.
+        # NaN until loaded: `process_after_loading` finds a layer whose scales never came.
         scale = nn.Parameter(
-            torch.full((old.shape[0],), float("nan"), dtype=torch.float32, device=old.device),
-            requires_grad=False,
+            torch.full((rows,), float("nan"), dtype=torch.float32), requires_grad=False
         )
         scale.weight_loader = lambda param, loaded, shard_id=None: self.load_scale(
             layer, loaded, shard_id
         )
         scale.optional_in_checkpoint = True  # filled with the weight when it is quantized here
-        layer.weight = weight  # keeps its place among the parameters (dummy weights' order)
+        layer.weight = weight
         layer.weight_scale = scale
 
     def apply(
@@ -85,22 +139,18 @@ class Fp8LinearMethod:
 
     def set_weight(self, layer: nn.Module, w: torch.Tensor) -> None:
         """The whole (this rank's) weight from a float tensor of its shape."""
-        q, scale = quantize_rows(w.to(layer.weight.device))
-        layer.weight.data.copy_(q)
-        layer.weight_scale.data.copy_(scale)
+        _quantize_into(layer.weight.data, layer.weight_scale.data, w)
 
     def load_weight(self, layer: nn.Module, loaded: Any, shard_id: Any) -> None:
         place = layer.placement(shard_id)
-        rows = place.read(loaded, layer.weight.shape[1]).to(layer.weight.device)
+        rows = place.read(loaded, layer.weight.shape[1])  # on the host: moved a block at a time
         target = layer.weight.data.narrow(0, place.offset, place.rows)
         if rows.dtype == FP8_DTYPE:
             target.copy_(rows)  # its scale comes in its own tensor
             return
         if rows.dtype.itemsize == 1:
             raise ValueError(f"weights of {rows.dtype} are not supported (float8_e4m3fn is)")
-        q, scale = quantize_rows(rows)
-        target.copy_(q)
-        layer.weight_scale.data.narrow(0, place.offset, place.rows).copy_(scale)
+        _quantize_into(target, layer.weight_scale.data.narrow(0, place.offset, place.rows), rows)
 
     def load_scale(self, layer: nn.Module, loaded: Any, shard_id: Any) -> None:
         """A checkpoint scale: per tensor (one value), per channel ([out] or [out, 1]) or, in
@@ -122,7 +172,7 @@ class Fp8LinearMethod:
         else:
             raise ValueError(f"cannot read weight scales of shape {tuple(scale.shape)}")
 
-    def finish_loading(self, layer: nn.Module, name: str) -> None:
+    def process_after_loading(self, layer: nn.Module) -> None:
         """Turn block-scaled weights into per-row ones; check every row got its scale."""
         for place, blocks in self.pending_blocks:
             self._requantize_blocks(layer, place, blocks)
@@ -130,8 +180,8 @@ class Fp8LinearMethod:
         scale = layer.weight_scale.data
         if not bool(torch.isfinite(scale).all()) or bool((scale <= 0).any()):
             raise ModelLoadError(
-                f"{name}: FP8 weights without (valid) weight scales; the checkpoint lacks "
-                "weight_scale tensors, or its config.json's quantization_config does not "
+                f"{layer.prefix}: FP8 weights without (valid) weight scales; the checkpoint "
+                "lacks weight_scale tensors, or its config.json's quantization_config does not "
                 "describe it."
             )
 
@@ -157,56 +207,19 @@ class Fp8LinearMethod:
             layer.weight_scale.data[place.offset + start : place.offset + end].copy_(scale)
 
 
-def quantize_model(model: nn.Module, checkpoint: Fp8Checkpoint | None, dtype: torch.dtype) -> int:
-    """Give every column- and row-parallel linear of `model` an FP8 method (those the
-    checkpoint's ignore list names stay unquantized); the number of layers changed."""
-    if checkpoint is not None and _has_experts(model):
-        raise ModelLoadError(
-            "FP8 checkpoints of mixture-of-experts models are not supported yet (their expert "
-            "weights are FP8). Load the model's bf16 checkpoint with --quantization fp8, which "
-            "quantizes the attention and dense layers and keeps the experts in bf16."
-        )
-    renames = _checkpoint_names(model)
-    count = 0
-    for name, module in model.named_modules():
-        if not isinstance(module, ColumnParallelLinear | RowParallelLinear):
-            continue
-        if checkpoint is not None and checkpoint.ignores(_module_names(name, renames)):
-            continue
-        module.quant_method = Fp8LinearMethod(module, checkpoint, dtype)
-        count += 1
-    if count == 0:
-        raise ModelLoadError(
-            f"{type(model).__name__} has no linear layers FP8 can take; run it unquantized."
-        )
-    if _has_experts(model):
-        logger.info("FP8: the mixture-of-experts experts and routers stay in %s", dtype)
-    return count
+# Rows quantized at a time: their float32 copy and its temporaries stay a few times 64 MiB
+# (a 7B model's gate_up shard would take 2 GiB at once).
+_QUANTIZE_ELEMENTS = 1 << 24
 
 
-def finish_loading(model: nn.Module) -> None:
-    """After the weights: each FP8 layer's block scales applied and its scales checked."""
-    for name, module in model.named_modules():
-        method = getattr(module, "quant_method", None)
-        if isinstance(method, Fp8LinearMethod):
-            method.finish_loading(module, name)
-
-
-def checkpoint_tensors(
-    weights: Iterable[tuple[str, Any]], checkpoint: Fp8Checkpoint | None
-) -> Iterator[tuple[str, Any]]:
-    """A checkpoint's tensors as the FP8 layers take them: `weight_scale_inv` (block scales)
-    renamed `weight_scale`, static `input_scale`s dropped."""
-    for name, tensor in weights:
-        if name.endswith(_UNUSED_SUFFIXES):
-            continue
-        if name.endswith(".weight_scale_inv"):
-            name = name.removesuffix("_inv")
-        yield name, tensor
-
-
-def _has_experts(model: nn.Module) -> bool:
-    return any(isinstance(m, FusedExperts) for m in model.modules())
+def _quantize_into(q: torch.Tensor, scale: torch.Tensor, w: torch.Tensor) -> None:
+    """q [N, K] float8 and scale [N] := `quantize_rows(w)`, a block of rows at a time (each row
+    is quantized alone, so the result is the same bits), on q's device."""
+    step = max(1, _QUANTIZE_ELEMENTS // max(1, w.shape[1]))
+    for start in range(0, w.shape[0], step):
+        rows_q, rows_scale = quantize_rows(w[start : start + step].to(q.device))
+        q[start : start + step].copy_(rows_q)
+        scale[start : start + step].copy_(rows_scale)
 
 
 def _read_whole(loaded: Any) -> torch.Tensor:
@@ -214,16 +227,3 @@ def _read_whole(loaded: Any) -> torch.Tensor:
     if isinstance(loaded, torch.Tensor):
         return loaded
     return loaded[()] if len(shape_of(loaded)) == 0 else loaded[:]
-
-
-def _checkpoint_names(model: nn.Module) -> list[tuple[str, str]]:
-    """(our fused module, checkpoint module) name pairs, from the model's stacked parameters
-    (e.g. qkv_proj ← q_proj, k_proj, v_proj)."""
-    return [(ours, hf) for hf, ours, _ in getattr(model, "stacked_params", ())]
-
-
-def _module_names(name: str, renames: list[tuple[str, str]]) -> list[str]:
-    """The checkpoint's names for our module `name` (a fused module has several)."""
-    last = name.rsplit(".", 1)[-1]
-    found = [name[: -len(last)] + hf for ours, hf in renames if ours == last]
-    return found or [name]

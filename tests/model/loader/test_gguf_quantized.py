@@ -170,10 +170,26 @@ def assert_equal_up_to_near_ties(runs: list, reference: list, margin: float) -> 
 
 def test_quantized_only_on_the_cpu(tiny_llama, tmp_path):
     folder = convert_gguf(_tiny_gguf(tiny_llama, tmp_path, "untied"), tmp_path / "converted")
-    model, config = _load(folder, dequantize=True)
+    _, config = _load(folder, dequantize=True)
     config.gguf_dequantize = False
-    taken = gguf_quantized.install_gguf_linears(model, config, torch.device("meta"), torch.float32)
-    assert taken == frozenset() and _quantized_modules(model) == []
+    meta = gguf_quantized.gguf_quant_config(config, torch.device("meta"), torch.float32)
+    assert meta is None
+
+
+@needs_kernels
+def test_quantized_layers_are_built_over_their_blocks(tiny_llama, tmp_path):
+    """Quantization at construction: a layer the GGUF's blocks serve is built over them and never
+    has a float weight; the others are built as float layers and load the folder's floats."""
+    folder = convert_gguf(_tiny_gguf(tiny_llama, tmp_path, "untied"), tmp_path / "converted")
+    model, _ = _load(folder)
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if method is None:
+            continue
+        assert module.prefix == name
+        blocks = isinstance(method, BlockQuantLinearMethod)
+        assert ("weight" in module._parameters) != blocks, name
+        assert ("weight_packed" in module._buffers) == blocks, name
 
 
 def test_engine_auto_dtype_is_float32_on_the_cpu(tiny_llama, tmp_path, monkeypatch):
