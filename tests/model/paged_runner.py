@@ -6,9 +6,9 @@ import torch
 
 from inferengine.attention.backends.torch_ref import TorchAttentionBackend
 from inferengine.attention.metadata import AttentionMetadata
+from inferengine.checkpoint.resolve import resolve_model
 from inferengine.config import ModelConfig
 from inferengine.model.loader.loader import load_model
-from inferengine.model.loader.resolve import resolve_model
 
 
 def load_tiny(path, dtype: str = "float32"):

@@ -12,13 +12,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from inferengine.attention.backends.torch_ref import TorchAttentionBackend
+from inferengine.checkpoint.quantization import fp8_checkpoint, resolve_quantization
 from inferengine.engine.arg_utils import EngineArgs
 from inferengine.errors import ConfigError, ModelLoadError
 from inferengine.kernels.fp8_gemm import FP8_DTYPE, quantize_rows
 from inferengine.model.layers.linear import UNQUANTIZED
 from inferengine.model.loader.loader import load_model
 from inferengine.model.quantization.compare import compare_logits
-from inferengine.model.quantization.formats import fp8_checkpoint, resolve_quantization
 from inferengine.model.quantization.fp8 import Fp8LinearMethod
 from tests.conftest import TINY_ARCHS
 from tests.model.fp8_checkpoints import SCHEMES, quantization_config, write_fp8_pair

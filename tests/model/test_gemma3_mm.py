@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from inferengine import LLM
+from inferengine.checkpoint.text_config import text_only_config
 from inferengine.errors import InvalidRequestError
 from inferengine.model import gemma3_mm
 from inferengine.model.gemma import GemmaSpec
-from inferengine.model.gemma3_mm import text_only_config, text_weight_name
+from inferengine.model.gemma3_mm import text_weight_name
 from tests.conftest import BOS_ID, EOS_ID, TINY_ARCHS, VOCAB_SIZE, build_tokenizer, hf_greedy
 from tests.entrypoints.test_llm_matches_transformers import (
     LENGTHS,

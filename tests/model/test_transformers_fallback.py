@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from inferengine import LLM, SamplingParams
+from inferengine.checkpoint.architecture import choose_implementation, fallback_hf_config
 from inferengine.engine.arg_utils import EngineArgs
 from inferengine.errors import ConfigError, ModelLoadError
-from inferengine.model.registry import choose_implementation
-from inferengine.model.transformers_fallback import TransformersForCausalLM, fallback_hf_config
+from inferengine.model.transformers_fallback import TransformersForCausalLM
 from tests.conftest import FALLBACK_ARCHS, hf_greedy, hf_model
 
 ARCHS = sorted(FALLBACK_ARCHS)

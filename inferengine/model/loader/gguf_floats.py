@@ -16,10 +16,11 @@ still reads each tensor once.
 
 Several processes may load the folder at once (servers, tests, tensor-parallel ranks, an engine
 core and its restart): each file is written under a temporary name and renamed into place, the
-index last, and what to write is decided only under the folder's lock (`cache_lock.py`), which
-conversions into the folder take too, so no conversion replaces the folder under a writer. A
-writer killed halfway leaves at most a temporary file (deleted by the next holder of the lock) or
-model-dense.safetensors without its index (indexed by the next load that comes).
+index last, and what to write is decided only under the folder's lock
+(`checkpoint/cache_lock.py`), which conversions into the folder take too, so no conversion
+replaces the folder under a writer. A writer killed halfway leaves at most a temporary file
+(deleted by the next holder of the lock) or model-dense.safetensors without its index (indexed by
+the next load that comes).
 """
 
 from __future__ import annotations
@@ -29,16 +30,16 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from inferengine.errors import ModelLoadError
-from inferengine.logger import init_logger
-from inferengine.model.loader.cache_lock import folder_lock, remove_leftovers
-from inferengine.model.loader.gguf import _hf_name, _layout, _open, _write_weights
-from inferengine.model.loader.gguf_source import (
+from inferengine.checkpoint.cache_lock import folder_lock, remove_leftovers
+from inferengine.checkpoint.gguf import _hf_name, _layout, _open, _write_weights
+from inferengine.checkpoint.gguf_source import (
     FLOATS_FILE,  # noqa: F401 (named from here)
     SOURCE_FILE,
     GGUFSource,
     has_source,
 )
+from inferengine.errors import ModelLoadError
+from inferengine.logger import init_logger
 
 logger = init_logger(__name__)
 
@@ -57,7 +58,8 @@ def _names_in(path: Path) -> list[str]:
 def ensure_float_weights(folder: Path, wanted: Callable[[str], bool] | None = None) -> None:
     """Before a load of converted GGUF `folder` that reads checkpoint names `wanted` accepts
     (None: all): write the float weights the folder left out if the load reads any of them.
-    Safe while other processes load, convert or complete the same folder (`cache_lock.py`)."""
+    Safe while other processes load, convert or complete the same folder
+    (`checkpoint/cache_lock.py`)."""
     if not has_source(folder) or (folder / INDEX_FILE).exists():
         return
     if not (folder / DENSE_FILE).exists():  # else a write stopped halfway: settled under the lock

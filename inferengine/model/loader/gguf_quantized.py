@@ -32,6 +32,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from inferengine.checkpoint.gguf import _hf_name, _layout, _unpermute
+from inferengine.checkpoint.gguf_source import (
+    BLOCK_TYPES,
+    Q4_TYPES,
+    GGUFSource,
+    SourceTensor,
+    has_source,
+)
 from inferengine.config import ModelConfig
 from inferengine.kernels import cpu_native
 from inferengine.logger import init_logger
@@ -44,14 +52,6 @@ from inferengine.model.layers.block_quant_cpu import (
 )
 from inferengine.model.layers.fp16_cpu import fp16_gemm_available
 from inferengine.model.layers.vocab import ParallelLMHead, VocabParallelEmbedding
-from inferengine.model.loader.gguf import _hf_name, _layout, _unpermute
-from inferengine.model.loader.gguf_source import (
-    BLOCK_TYPES,
-    Q4_TYPES,
-    GGUFSource,
-    SourceTensor,
-    has_source,
-)
 from inferengine.model.quantization.base import QuantizationConfig
 
 logger = init_logger(__name__)

@@ -1,6 +1,7 @@
 """Which `QuantizationConfig` a load builds its model in: the run's quantization and the
-checkpoint's format (`formats.py`, read before anything loads) decide; the loader hands the
-config to the model class (`ModelInit.quant_config`), whose layers ask it for their methods."""
+checkpoint's format (`checkpoint/quantization.py`, read before anything loads) decide; the loader
+hands the config to the model class (`ModelInit.quant_config`), whose layers ask it for their
+methods."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from typing import Any
 
 import torch
 
+from inferengine.checkpoint.quantization import fp8_checkpoint
 from inferengine.config import ModelConfig
 from inferengine.model.quantization.base import QuantizationConfig
-from inferengine.model.quantization.formats import fp8_checkpoint
 
 
 def quant_config_for(

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from inferengine.checkpoint.quantization import Fp8Checkpoint
 from inferengine.errors import ModelLoadError
 from inferengine.kernels.fp8_gemm import (
     FP8_DTYPE,
@@ -35,7 +36,6 @@ from inferengine.kernels.fp8_gemm import (
 from inferengine.logger import init_logger
 from inferengine.model.layers.linear import ShardPlacement, shape_of
 from inferengine.model.quantization.base import QuantizationConfig
-from inferengine.model.quantization.formats import Fp8Checkpoint
 
 logger = init_logger(__name__)
 

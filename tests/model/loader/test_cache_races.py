@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from inferengine.model.loader.gguf import convert_gguf
+from inferengine.checkpoint.gguf import convert_gguf
 from inferengine.model.loader.gguf_floats import DENSE_FILE, INDEX_FILE, ensure_float_weights
 from inferengine.model.weights import safetensors_files
 from tests.model.loader.test_gguf_quantized import _tiny_gguf
@@ -69,8 +69,9 @@ def _serve(gguf_path: str, cache: str, expected: set, timing: tuple, start, out)
     folder as a load that reads floats does, read every tensor name. `timing`: seconds before
     it starts, and its conversion's extra seconds (a slower machine, a bigger model)."""
     os.environ["INFERENGINE_CACHE_DIR"] = cache
-    from inferengine.model.loader import gguf, gguf_floats
-    from inferengine.model.loader.resolve import resolve_model
+    from inferengine.checkpoint import gguf
+    from inferengine.checkpoint.resolve import resolve_model
+    from inferengine.model.loader import gguf_floats
 
     delay, convert_pause = timing
     _slowed(gguf, "_write_weights", convert_pause)
@@ -213,8 +214,8 @@ def test_a_full_folder_with_a_stray_dense_copy_reads_each_tensor_once(tiny_llama
 def _die_converting(gguf_path: str, cache: str) -> None:
     """Convert `gguf_path` into the model cache, killed halfway through."""
     os.environ["INFERENGINE_CACHE_DIR"] = cache
-    from inferengine.model.loader import gguf
-    from inferengine.model.loader.resolve import resolve_model
+    from inferengine.checkpoint import gguf
+    from inferengine.checkpoint.resolve import resolve_model
 
     def die(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
@@ -226,7 +227,7 @@ def _die_converting(gguf_path: str, cache: str) -> None:
 def test_a_conversion_killed_halfway_is_done_again_and_its_folder_deleted(
     tiny_llama, tmp_path, monkeypatch
 ):
-    from inferengine.model.loader.resolve import resolve_model
+    from inferengine.checkpoint.resolve import resolve_model
 
     gguf_path = _tiny_gguf(tiny_llama, tmp_path, "untied")
     cache = tmp_path / "cache"

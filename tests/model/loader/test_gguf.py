@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
+from inferengine.checkpoint import gguf as gguf_loader
+from inferengine.checkpoint.gguf import MARKER, convert_gguf
 from inferengine.errors import ModelLoadError
-from inferengine.model.loader import gguf as gguf_loader
-from inferengine.model.loader.gguf import MARKER, convert_gguf
 from tests.model.loader.tiny_gguf import (
     BOS_ID,
     EOS_ID,
@@ -290,7 +290,7 @@ def test_reconversion_replaces_but_foreign_folder_is_refused(tiny_llama, tmp_pat
 
 
 def test_engine_resolves_a_gguf_path(tiny_llama, tmp_path, monkeypatch):
-    from inferengine.model.loader.resolve import resolve_model
+    from inferengine.checkpoint.resolve import resolve_model
 
     monkeypatch.setenv("INFERENGINE_CACHE_DIR", str(tmp_path / "cache"))
     gguf_path = write_llama_gguf(tiny_llama("untied"), tmp_path / "tiny.gguf", "Q8_0")

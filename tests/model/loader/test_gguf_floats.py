@@ -8,14 +8,14 @@ from __future__ import annotations
 import torch
 from safetensors.numpy import load_file
 
-from inferengine.model.loader.gguf import convert_gguf
+from inferengine.checkpoint.gguf import convert_gguf
+from inferengine.checkpoint.gguf_source import block_only
 from inferengine.model.loader.gguf_floats import (
     DENSE_FILE,
     FLOATS_FILE,
     INDEX_FILE,
     ensure_float_weights,
 )
-from inferengine.model.loader.gguf_source import block_only
 from tests.model.loader.test_gguf_quantized import (
     _load,
     _logits,
@@ -111,7 +111,7 @@ def test_a_load_that_reads_floats_writes_them_once_and_completes_the_folder(tiny
 
 
 def test_the_model_cache_converts_lean(tiny_llama, tmp_path, monkeypatch):
-    from inferengine.model.loader.resolve import resolve_model
+    from inferengine.checkpoint.resolve import resolve_model
 
     monkeypatch.setenv("INFERENGINE_CACHE_DIR", str(tmp_path / "cache"))
     folder = resolve_model(str(_tiny_gguf(tiny_llama, tmp_path, "untied"))).path

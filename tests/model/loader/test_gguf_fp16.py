@@ -79,8 +79,8 @@ def test_gguf_without_our_kernels_loads_float16_packed(tiny_llama, tmp_path, mon
     """Where our CPU kernels cannot be built: every linear layer and the head take fbgemm's
     float16 GEMM, and the logits stay within float16 rounding of the float32 model's;
     --gguf-dequantize keeps float32."""
+    from inferengine.checkpoint.gguf import convert_gguf
     from inferengine.model.loader import gguf_quantized
-    from inferengine.model.loader.gguf import convert_gguf
     from tests.model.loader.test_gguf_quantized import _load, _tiny_gguf, assert_same_logits
 
     monkeypatch.setattr(gguf_quantized.cpu_native, "native_ops", lambda: None)

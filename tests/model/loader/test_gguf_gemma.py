@@ -13,8 +13,8 @@ import torch
 from safetensors.numpy import load_file
 
 from inferengine import LLM, SamplingParams
+from inferengine.checkpoint.gguf import convert_gguf
 from inferengine.errors import ModelLoadError
-from inferengine.model.loader.gguf import convert_gguf
 from tests.conftest import hf_greedy, hf_model
 from tests.model.loader.tiny_gemma_gguf import (
     BOS_ID,

@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch import nn
 
+from inferengine.checkpoint.gguf import convert_gguf
+from inferengine.checkpoint.gguf_source import SOURCE_FILE
 from inferengine.kernels import cpu_native
 from inferengine.model.layers.block_quant_cpu import BlockQuantLinearMethod, BlockQuantLMHead
 from inferengine.model.loader import gguf_quantized
-from inferengine.model.loader.gguf import convert_gguf
 from inferengine.model.loader.gguf_quantized import block_weight
-from inferengine.model.loader.gguf_source import SOURCE_FILE
 from tests.model.loader.tiny_gguf import _random_kquant, write_llama_gguf
 from tests.model.paged_runner import PagedLoop
 
@@ -68,9 +68,9 @@ def _tiny_gguf(tiny_llama, tmp_path, variant: str):
 
 def _load(folder, dequantize: bool = False, device: str = "cpu"):
     from inferengine.attention.backends.torch_ref import TorchAttentionBackend
+    from inferengine.checkpoint.resolve import resolve_model
     from inferengine.config import ModelConfig
     from inferengine.model.loader.loader import load_model
-    from inferengine.model.loader.resolve import resolve_model
 
     resolved = resolve_model(str(folder))
     config = ModelConfig(
@@ -210,8 +210,8 @@ def test_engine_auto_dtype_is_float32_on_the_cpu(tiny_llama, tmp_path, monkeypat
 
 
 def test_a_conversion_without_the_gguf_is_converted_again(tiny_llama, tmp_path, monkeypatch):
-    from inferengine.model.loader.gguf_source import SOURCE_INDEX, has_source
-    from inferengine.model.loader.resolve import resolve_model
+    from inferengine.checkpoint.gguf_source import SOURCE_INDEX, has_source
+    from inferengine.checkpoint.resolve import resolve_model
 
     monkeypatch.setenv("INFERENGINE_CACHE_DIR", str(tmp_path / "cache"))
     gguf_path = _tiny_gguf(tiny_llama, tmp_path, "untied")

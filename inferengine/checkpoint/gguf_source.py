@@ -17,8 +17,9 @@ import numpy as np
 
 SOURCE_FILE = "model.gguf"
 SOURCE_INDEX = "model.gguf.json"
-FLOATS_FILE = "model-floats.safetensors"  # a lean conversion's float weights (gguf_floats.py)
-# The GGML block types our CPU kernels take (gguf_quantized.py).
+# A lean conversion's float weights (model/loader/gguf_floats.py).
+FLOATS_FILE = "model-floats.safetensors"
+# The GGML block types our CPU kernels take (model/loader/gguf_quantized.py).
 Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 BLOCK_TYPES = (*Q4_TYPES, "Q8_0", "Q5_0")
 # Roles whose weights our CPU kernels take from the GGUF's blocks (linear layers); each fused

@@ -1,9 +1,9 @@
 """Converts a Llama or Gemma 2/3 GGUF file into a Hugging Face-style float32 model folder.
 
 The folder keeps the GGUF itself and an index of its tensors (`gguf_source.py`): on the CPU the
-loader takes the quantized weights from it as they are (`gguf_quantized.py`). A lean conversion
-(the model cache's) writes float copies only of what that path reads as floats; the rest is
-written when a load reads it (`gguf_floats.py`)."""
+loader takes the quantized weights from it as they are (`model/loader/gguf_quantized.py`). A
+lean conversion (the model cache's) writes float copies only of what that path reads as floats;
+the rest is written when a load reads it (`model/loader/gguf_floats.py`)."""
 
 from __future__ import annotations
 
@@ -17,16 +17,16 @@ from typing import Any
 
 import numpy as np
 
-from inferengine.errors import ModelLoadError
-from inferengine.logger import init_logger
-from inferengine.model.loader.gguf_gemma import (
+from inferengine.checkpoint.gguf_gemma import (
     GEMMA_ARCHITECTURES,
     GEMMA_CHAT_TEMPLATE,
     end_of_turn_id,
     gemma_config,
     gemma_layer_tensors,
 )
-from inferengine.model.loader.gguf_source import FLOATS_FILE, block_only, keep_source
+from inferengine.checkpoint.gguf_source import FLOATS_FILE, block_only, keep_source
+from inferengine.errors import ModelLoadError
+from inferengine.logger import init_logger
 
 logger = init_logger(__name__)
 

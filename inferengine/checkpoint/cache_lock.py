@@ -1,7 +1,8 @@
 """One lock per model-cache folder, taken by every process that writes it: a conversion into it
 (an alias's first use, a .gguf's) and the float weights a lean folder writes on demand
-(`gguf_floats.py`). Whoever holds it finds the folder as the last holder left it, so it decides
-what to write (nothing, if another process wrote it meanwhile) only once it holds it.
+(`model/loader/gguf_floats.py`). Whoever holds it finds the folder as the last holder left it,
+so it decides what to write (nothing, if another process wrote it meanwhile) only once it holds
+it.
 
 The lock is `flock` on `.{name}.lock` beside the folder (in it, if the parent is read-only), so
 it outlives the folder being replaced, and the kernel releases it when its holder dies, SIGKILL

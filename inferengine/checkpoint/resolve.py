@@ -43,7 +43,7 @@ def resolve_model(
         raise ModelLoadError(
             f"{config_file} is not valid JSON ({e}); fix or re-download it."
         ) from e
-    from inferengine.model.gemma3_mm import text_only_config
+    from inferengine.checkpoint.text_config import text_only_config
 
     hf_config = text_only_config(hf_config)  # a multimodal config read as its text model's
     gen_file = path / "generation_config.json"
@@ -53,7 +53,7 @@ def resolve_model(
 
 
 def _local_folder(model: str, revision: str | None, load_format: str) -> Path:
-    from inferengine.model.loader.default_model import ALIASES, resolve_alias
+    from inferengine.checkpoint.aliases import ALIASES, resolve_alias
 
     if model.lower() in ALIASES:
         return resolve_alias(model.lower())
@@ -73,8 +73,8 @@ def _local_folder(model: str, revision: str | None, load_format: str) -> Path:
 
 
 def _converted_gguf(gguf_path: Path) -> Path:
-    from inferengine.model.loader.cache_lock import folder_lock, remove_leftovers
-    from inferengine.model.loader.gguf import convert_gguf
+    from inferengine.checkpoint.cache_lock import folder_lock, remove_leftovers
+    from inferengine.checkpoint.gguf import convert_gguf
 
     stat = gguf_path.stat()
     key = f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
@@ -101,7 +101,7 @@ def _converted_gguf(gguf_path: Path) -> Path:
 
 def _converted(folder: Path) -> bool:
     """`folder` holds a finished conversion that keeps its GGUF."""
-    from inferengine.model.loader.gguf_source import has_source
+    from inferengine.checkpoint.gguf_source import has_source
 
     return (folder / "config.json").exists() and has_source(folder)
 
