@@ -180,7 +180,11 @@ def run_case(spec: dict) -> dict:
     from inferengine.attention.backends.torch_ref import TorchAttentionBackend
     from inferengine.config import ModelConfig
     from inferengine.model.loader.loader import load_model
-    from inferengine.model.loader.resolve import resolve_model
+
+    try:
+        from inferengine.checkpoint.resolve import resolve_model
+    except ImportError:  # a tree from before the checkpoint/ room (a --baseline-tree)
+        from inferengine.model.loader.resolve import resolve_model
 
     device = torch.device(spec["device"])
     resolved = resolve_model(spec["model"], spec["load_format"])
@@ -340,8 +344,13 @@ def main() -> None:
                     runs = [spawn_case(spec, tree) for _ in range(repeats)]
                     result = median_run(runs)
                     case = {"label": label, "source": source, **spec, **result}
-                    if repeats > 1 and "error" not in result:
-                        case["runs"] = {k: [r[k] for r in runs] for k in PEAKS if k in result}
+                    ok = [r for r in runs if "error" not in r]
+                    if repeats > 1 and ok:
+                        case["runs"] = {k: [r[k] for r in ok] for k in PEAKS if k in result}
+                    for r in runs:
+                        if "error" in r and r is not result:
+                            print(f"{label} {source} {quantization}: a run FAILED\n{r['error']}")
+                            case.setdefault("failed_runs", []).append(r["error"][-1000:])
                     full = (
                         args.full_checkpoint if source == "safetensors" else args.device == "cuda"
                     )
