@@ -8,14 +8,23 @@
 # GPU_TESTS_LIMIT_S (default 540) stops pytest in time for the summary to be written inside one
 # 10-minute device call; the summary then shows exit code 124, and log.txt (pytest -v) names the
 # tests that passed before it (pytest writes junit.xml only when it finishes).
+# On a host of several GPUs, run one instance per GPU side by side, each over its own share of
+# the tests: CUDA_VISIBLE_DEVICES=N GPU_TESTS_TAG=gpuN bash benchmarks/gpu_tests.sh ... & (the
+# wheels are installed once, under a lock; the tag keeps the folders apart).
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
+(
+  flock 9
+  [ -f /tmp/site/.installed ] || {
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl && touch /tmp/site/.installed
+  }
+) 9>/tmp/site.lock
+[ -f /tmp/site/.installed ] || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 args=("$@")
 [ ${#args[@]} -eq 0 ] && args=(-m gpu tests/)
-d=${OUT:-/tmp}/$(date -u +%Y%m%dT%H%M%SZ)-gpu-tests
+d=${OUT:-/tmp}/$(date -u +%Y%m%dT%H%M%SZ)-gpu-tests${GPU_TESTS_TAG:+-$GPU_TESTS_TAG}
 mkdir -p "$d"
 start=$(date +%s)
 timeout "${GPU_TESTS_LIMIT_S:-540}" python3 -m pytest -v -p no:cacheprovider -rfE --junitxml="$d/junit.xml" "${args[@]}" > "$d/log.txt" 2>&1
@@ -32,7 +41,12 @@ if suite is None:
     suite = ET.Element("testsuite")
 counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
 counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-summary = {"pytest_args": args, "exit_code": code, "wall_s": seconds, **counts}
+failed = [
+    f"{case.get('classname')}::{case.get('name')}"
+    for case in suite.iter("testcase")
+    if case.find("failure") is not None or case.find("error") is not None
+]
+summary = {"pytest_args": args, "exit_code": code, "wall_s": seconds, **counts, "failed": failed}
 (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 command = f"bash benchmarks/gpu_tests.sh {args}"
 revision = os.environ.get("GIT_REV", "see environment.txt")
