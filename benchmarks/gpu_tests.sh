@@ -8,9 +8,9 @@
 # GPU_TESTS_LIMIT_S (default 540) stops pytest in time for the summary to be written inside one
 # 10-minute device call; the summary then shows exit code 124, and log.txt (pytest -v) names the
 # tests that passed before it (pytest writes junit.xml only when it finishes).
-# On a host of several GPUs, run one instance per GPU side by side, each over its own share of
-# the tests: CUDA_VISIBLE_DEVICES=N GPU_TESTS_TAG=gpuN bash benchmarks/gpu_tests.sh ... & (the
-# wheels are installed once, under a lock; the tag keeps the folders apart).
+# On a host of several GPUs, GPU_TESTS_DEVICES=0,1 with pytest-xdist's -n spreads the workers
+# over the GPUs (tests/conftest.py pins worker gwN to device N mod 2). Instances may also run side
+# by side (the wheels are installed once, under a lock; GPU_TESTS_TAG keeps their folders apart).
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 (

@@ -4,10 +4,24 @@ Transformers at test time, and Transformers' own greedy continuation as the refe
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
-import pytest
-import torch
+
+def _pin_xdist_worker_to_one_gpu() -> None:
+    """On a host of several GPUs, `GPU_TESTS_DEVICES=0,1` (benchmarks/gpu_tests.sh) spreads
+    pytest-xdist's workers over them: worker gwN sees only device N mod their count. Set before
+    anything touches CUDA."""
+    devices, worker = os.environ.get("GPU_TESTS_DEVICES"), os.environ.get("PYTEST_XDIST_WORKER")
+    if devices and worker:
+        ids = devices.split(",")
+        os.environ["CUDA_VISIBLE_DEVICES"] = ids[int(worker.removeprefix("gw")) % len(ids)]
+
+
+_pin_xdist_worker_to_one_gpu()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # name -> (transformers config class name, config kwargs)
 TINY_ARCHS: dict[str, tuple[str, dict]] = {
