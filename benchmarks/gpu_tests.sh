@@ -31,7 +31,7 @@ timeout "${GPU_TESTS_LIMIT_S:-540}" python3 -m pytest -v -p no:cacheprovider -rf
 code=$?
 tail -n 40 "$d/log.txt"
 python3 - "$d" "$code" "$(( $(date +%s) - start ))" "${args[*]}" <<'X'
-import json, os, sys, xml.etree.ElementTree as ET
+import json, os, re, sys, xml.etree.ElementTree as ET
 from pathlib import Path
 from inferengine.bench.environment import environment_text
 folder, code, seconds, args = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -46,15 +46,21 @@ failed = [
     for case in suite.iter("testcase")
     if case.find("failure") is not None or case.find("error") is not None
 ]
-summary = {"pytest_args": args, "exit_code": code, "wall_s": seconds, **counts, "failed": failed}
+lines = (folder / "log.txt").read_text(errors="replace").splitlines()
+if not junit.exists():  # stopped by the limit: count the -v lines of the tests that ended
+    ended = [m.groups() for m in map(re.compile(r"(PASSED|FAILED|ERROR|SKIPPED) (tests/\S+)").search, lines) if m]
+    keys = {"PASSED": "passed", "FAILED": "failures", "ERROR": "errors", "SKIPPED": "skipped"}
+    counts = {key: sum(1 for s, _ in ended if s == status) for status, key in keys.items()}
+    failed = [name for status, name in ended if status in ("FAILED", "ERROR")]
+summary = {"pytest_args": args, "exit_code": code, "wall_s": seconds, "finished": junit.exists(), **counts, "failed": failed}
 (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 command = f"bash benchmarks/gpu_tests.sh {args}"
 revision = os.environ.get("GIT_REV", "see environment.txt")
 (folder / "command.txt").write_text(f"# device tool, working tree {revision}\n{command}\n")
 (folder / "environment.txt").write_text(environment_text({"gpu-tests": command}))
 # Keep the log to its failures and summary, not every test's line.
-lines = (folder / "log.txt").read_text(errors="replace").splitlines()
-(folder / "log.txt").write_text("\n".join(lines[-400:]) + "\n")
+kept = [line for line in lines[:-400] if "FAILED" in line or "ERROR" in line] + lines[-400:]
+(folder / "log.txt").write_text("\n".join(kept) + "\n")
 print(json.dumps(summary))
 X
 exit $code
