@@ -13,8 +13,9 @@ ENGINE_HELP = {
     "enable_prefix_caching": "reuse the KV pages of shared prompt prefixes",
     "gpu_memory_utilization": "fraction of GPU memory for weights, activations and KV cache "
     "(CUDA only)",
-    "kv_cache_memory": "bytes for the KV cache, e.g. 2GiB (default on CPU: 0.3 of the memory "
-    "available after loading the weights, leaving at least 1GiB)",
+    "kv_cache_memory": "bytes for the KV cache, e.g. 2GiB (default on CPU: max_num_seqs requests "
+    "of max_model_len plus a quarter for cached prefixes, within 0.3 of the memory available "
+    "after loading the weights and leaving at least 1GiB; pages take memory once written)",
     "block_size": "tokens per KV page",
     "kv_cache_dtype": "KV cache storage: auto (the model's dtype), or fp8 (= fp8_e4m3) / "
     "fp8_e5m2: one byte per element, twice the tokens in the same memory, scaled by the "
