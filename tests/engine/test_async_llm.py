@@ -26,18 +26,6 @@ TIMEOUT_S = 60
 
 
 @pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
-def path(tiny_checkpoint) -> str:
-    return str(tiny_checkpoint("qwen3"))
-
-
-@pytest.fixture(scope="module")
 def llm(path, loop):
     """No --max-model-len, and a cache of 33 pages (32 usable): the core lowers the model's
     1024 to 512 tokens, and tells the API side."""

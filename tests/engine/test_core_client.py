@@ -27,18 +27,6 @@ TIMEOUT_S = 60
 
 
 @pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
-def path(tiny_checkpoint) -> str:
-    return str(tiny_checkpoint("qwen3"))
-
-
-@pytest.fixture(scope="module")
 def client(path, loop):
     config = EngineArgs(model=path, max_model_len=128, max_num_seqs=4).create_engine_config()
     client = AsyncMPClient(config)

@@ -20,11 +20,6 @@ PROMPT = torch.randint(2, 320, (12,), generator=torch.Generator().manual_seed(2)
 
 
 @pytest.fixture(scope="module")
-def path(tiny_checkpoint) -> str:
-    return str(tiny_checkpoint("qwen3"))
-
-
-@pytest.fixture(scope="module")
 def engine(path) -> LLMEngine:
     config = EngineArgs(model=path, max_model_len=128, max_num_seqs=8).create_engine_config()
     return LLMEngine(config)
