@@ -3,7 +3,9 @@ Transformers at test time, and Transformers' own greedy continuation as the refe
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 import os
 from pathlib import Path
 
@@ -22,6 +24,25 @@ _pin_xdist_worker_to_one_gpu()
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+
+@contextlib.contextmanager
+def logged_messages(level: int = logging.NOTSET, logger: str = "inferengine"):
+    """The messages `logger` emits at `level` or above while the block runs (the package logger
+    does not propagate to pytest's caplog)."""
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    handler = Collect(level)
+    logging.getLogger(logger).addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logging.getLogger(logger).removeHandler(handler)
+
 
 # name -> (transformers config class name, config kwargs)
 TINY_ARCHS: dict[str, tuple[str, dict]] = {

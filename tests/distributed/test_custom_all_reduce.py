@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from inferengine.distributed.custom_all_reduce import CustomAllReduce
+from tests.conftest import logged_messages
 
 LOGGER = "inferengine.distributed.custom_all_reduce"
 # The GPU hosts keep NVLink multicast off in NCCL, torch and NVSHMEM.
@@ -25,20 +26,8 @@ MULTICAST_OFF = {
 @pytest.fixture
 def reasons():
     """The messages CustomAllReduce logs (the package logger does not propagate to caplog)."""
-
-    class Collect(logging.Handler):
-        def __init__(self) -> None:
-            super().__init__()
-            self.messages: list[str] = []
-
-        def emit(self, record: logging.LogRecord) -> None:
-            self.messages.append(record.getMessage())
-
-    handler = Collect()
-    logger = logging.getLogger(LOGGER)
-    logger.addHandler(handler)
-    yield handler.messages
-    logger.removeHandler(handler)
+    with logged_messages(logging.NOTSET, LOGGER) as messages:
+        yield messages
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import pytest
 
 from inferengine.entrypoints.batch.runner import check_paths
 from inferengine.errors import ConfigError
+from tests.conftest import logged_messages
 from tests.entrypoints.batch.helpers import (
     openai_line,
     read_jsonl,
@@ -22,19 +23,8 @@ LONG_PROMPT = "Hello world, how are you today? " * 60  # far over max_model_len=
 @pytest.fixture
 def warnings():
     """Warnings from the package logger (it does not propagate to caplog)."""
-
-    class Collect(logging.Handler):
-        def __init__(self) -> None:
-            super().__init__(logging.WARNING)
-            self.messages: list[str] = []
-
-        def emit(self, record: logging.LogRecord) -> None:
-            self.messages.append(record.getMessage())
-
-    handler = Collect()
-    logging.getLogger("inferengine").addHandler(handler)
-    yield handler.messages
-    logging.getLogger("inferengine").removeHandler(handler)
+    with logged_messages(logging.WARNING) as messages:
+        yield messages
 
 
 def test_bad_openai_rows_give_error_records(batch_llm, tmp_path, warnings):

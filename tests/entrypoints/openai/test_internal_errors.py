@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from inferengine.entrypoints.openai.errors import MAX_MESSAGE_CHARS, install_error_handlers
 from inferengine.entrypoints.openai.middleware import GateMiddleware
+from tests.conftest import logged_messages
 
 
 class _State:
@@ -28,19 +29,8 @@ class _State:
 @pytest.fixture
 def errors():
     """ERROR records of the package logger (it does not propagate to caplog)."""
-
-    class Collect(logging.Handler):
-        def __init__(self) -> None:
-            super().__init__(logging.ERROR)
-            self.messages: list[str] = []
-
-        def emit(self, record: logging.LogRecord) -> None:
-            self.messages.append(record.getMessage())
-
-    handler = Collect()
-    logging.getLogger("inferengine").addHandler(handler)
-    yield handler.messages
-    logging.getLogger("inferengine").removeHandler(handler)
+    with logged_messages(logging.ERROR) as messages:
+        yield messages
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from inferengine.entrypoints.openai.serving_completions import ServingCompletion
 from inferengine.entrypoints.openai.serving_engine import RequestLimits, warn_unknown_fields
 from inferengine.entrypoints.openai.streaming import close_streams
 from inferengine.errors import ConfigError, InvalidRequestError
-from tests.conftest import EOS_ID, build_tokenizer
+from tests.conftest import EOS_ID, build_tokenizer, logged_messages
 
 
 @pytest.fixture(scope="module")
@@ -50,20 +50,8 @@ def engine():
 @pytest.fixture
 def lines():
     """INFO and above from the package logger (it does not propagate to caplog)."""
-
-    class Collect(logging.Handler):
-        def __init__(self) -> None:
-            super().__init__(logging.INFO)
-            self.messages: list[str] = []
-
-        def emit(self, record: logging.LogRecord) -> None:
-            self.messages.append(record.getMessage())
-
-    handler = Collect()
-    logger = logging.getLogger("inferengine")
-    logger.addHandler(handler)
-    yield handler.messages
-    logger.removeHandler(handler)
+    with logged_messages(logging.INFO) as messages:
+        yield messages
 
 
 def submit(serving: ServingCompletion, **fields) -> int:
