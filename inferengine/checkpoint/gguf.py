@@ -20,6 +20,7 @@ import numpy as np
 from inferengine.checkpoint.gguf_gemma import (
     GEMMA_ARCHITECTURES,
     GEMMA_CHAT_TEMPLATE,
+    attention_shape,
     end_of_turn_id,
     gemma_config,
     gemma_layer_tensors,
@@ -183,12 +184,7 @@ def _hf_config(meta: _Metadata, tensors: dict[str, Any]) -> dict[str, Any]:
 
 
 def _llama_config(meta: _Metadata, tensors: dict[str, Any], vocab_size: int) -> dict[str, Any]:
-    hidden = int(meta.arch_key("embedding_length"))
-    heads = int(meta.arch_key("attention.head_count"))
-    kv_heads = meta.arch_key("attention.head_count_kv", heads)
-    if not isinstance(kv_heads, int | np.integer):
-        raise ModelLoadError(f"{meta.path}: per-layer KV head counts are not supported.")
-    head_dim = int(meta.arch_key("attention.key_length", hidden // heads))
+    hidden, heads, kv_heads, head_dim = attention_shape(meta)
     rope_dim = int(meta.arch_key("rope.dimension_count", head_dim))
     if rope_dim != head_dim:
         raise ModelLoadError(
@@ -204,7 +200,7 @@ def _llama_config(meta: _Metadata, tensors: dict[str, Any], vocab_size: int) -> 
         "intermediate_size": int(meta.arch_key("feed_forward_length")),
         "num_hidden_layers": int(meta.arch_key("block_count")),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(kv_heads),
+        "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
         "hidden_act": "silu",
         "rms_norm_eps": _f32(meta.arch_key("attention.layer_norm_rms_epsilon", 1e-5)),

@@ -91,15 +91,22 @@ def _f32(value: Any) -> float:
     return float(str(np.float32(value)))
 
 
-def gemma_config(meta: Any, vocab_size: int, tied: bool) -> dict[str, Any]:
-    """The Transformers config.json of a Gemma 2/3 GGUF (`meta`: the loader's `_Metadata`)."""
-    arch = meta.arch
+def attention_shape(meta: Any) -> tuple[int, int, int, int]:
+    """(hidden size, query heads, KV heads, head dim) from a GGUF's metadata (`meta`: the
+    loader's `_Metadata`); one KV head count for every layer."""
     hidden = int(meta.arch_key("embedding_length"))
     heads = int(meta.arch_key("attention.head_count"))
     kv_heads = meta.arch_key("attention.head_count_kv", heads)
     if not isinstance(kv_heads, int | np.integer):
         raise ModelLoadError(f"{meta.path}: per-layer KV head counts are not supported.")
     head_dim = int(meta.arch_key("attention.key_length", hidden // heads))
+    return hidden, heads, int(kv_heads), head_dim
+
+
+def gemma_config(meta: Any, vocab_size: int, tied: bool) -> dict[str, Any]:
+    """The Transformers config.json of a Gemma 2/3 GGUF (`meta`: the loader's `_Metadata`)."""
+    arch = meta.arch
+    hidden, heads, kv_heads, head_dim = attention_shape(meta)
     if int(meta.arch_key("attention.value_length", head_dim)) != head_dim:
         raise ModelLoadError(f"{meta.path}: key and value head sizes differ; not a Gemma 2/3 file.")
     num_layers = int(meta.arch_key("block_count"))
@@ -111,7 +118,7 @@ def gemma_config(meta: Any, vocab_size: int, tied: bool) -> dict[str, Any]:
         "intermediate_size": int(meta.arch_key("feed_forward_length")),
         "num_hidden_layers": num_layers,
         "num_attention_heads": heads,
-        "num_key_value_heads": int(kv_heads),
+        "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
         "hidden_activation": "gelu_pytorch_tanh",
         "rms_norm_eps": _f32(meta.arch_key("attention.layer_norm_rms_epsilon", 1e-6)),
