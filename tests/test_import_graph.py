@@ -246,22 +246,22 @@ def test_every_room_is_in_the_table():
     assert {room(m) for m in MODULES} <= set(ALLOWED_ROOMS)
 
 
-def test_core_and_the_bottom_room_import_no_torch():
-    heavy = [
-        f"{_short(m)}: {sorted(names & TORCH_MODULES)}"
+def _importing(rooms: set[str], banned: set[str]) -> list[str]:
+    """Modules of `rooms` that import any of `banned`, with what they import."""
+    return [
+        f"{_short(m)}: {sorted(names & banned)}"
         for m, names in EXTERNALS.items()
-        if room(m) in NO_TORCH_ROOMS and names & TORCH_MODULES
+        if room(m) in rooms and names & banned
     ]
+
+
+def test_core_and_the_bottom_room_import_no_torch():
+    heavy = _importing(NO_TORCH_ROOMS, TORCH_MODULES)
     assert not heavy, "torch-free rooms import torch, triton or numpy:\n" + "\n".join(heavy)
 
 
 def test_checkpoint_inspection_imports_no_torch():
-    torch_only = TORCH_MODULES - {"numpy"}
-    heavy = [
-        f"{_short(m)}: {sorted(names & torch_only)}"
-        for m, names in EXTERNALS.items()
-        if room(m) in NO_TORCH_BUT_NUMPY_ROOMS and names & torch_only
-    ]
+    heavy = _importing(NO_TORCH_BUT_NUMPY_ROOMS, TORCH_MODULES - {"numpy"})
     assert not heavy, "checkpoint/ imports torch or triton:\n" + "\n".join(heavy)
 
 
