@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import logging
 import os
+import sys
 from pathlib import Path
 
 
@@ -24,6 +26,20 @@ _pin_xdist_worker_to_one_gpu()
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(relative_path: str, name: str | None = None, register: bool = False):
+    """A script of the repository (`benchmarks/x.py`, `docs/hooks/y.py`) loaded as a module;
+    `register` puts it in sys.modules under `name` (dataclasses of the script need that)."""
+    path = REPO_ROOT / relative_path
+    spec = importlib.util.spec_from_file_location(name or path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    if register:
+        sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @contextlib.contextmanager

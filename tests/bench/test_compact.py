@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import random
 import statistics
@@ -19,6 +18,7 @@ from inferengine.bench.compact import (
     summarise_gpu_csv,
     trim_log,
 )
+from tests.conftest import load_script
 
 SUMMARY = {
     "completed": 200,
@@ -328,10 +328,7 @@ def test_compact_folder_leaves_a_small_folder_alone(tmp_path):
 
 
 def test_write_result_folder_compacts_an_oversized_folder(tmp_path, capsys):
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "result_folder.py"
-    spec = importlib.util.spec_from_file_location("result_folder", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("benchmarks/result_folder.py")
     steps = [5.0 + i / 1e4 for i in range(30_000)]
     results = {"median_step_ms": 5.2, "step_ms_all": steps}
     folder = module.write_result_folder("decode-profile", results, tmp_path / "out")

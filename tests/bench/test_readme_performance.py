@@ -4,25 +4,17 @@ the newest revision, not the best one."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
+from tests.conftest import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location(
-        "readme_performance", ROOT / "benchmarks" / "readme_performance.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_page_and_readme_match_the_result_folders():
-    script = load_script()
+    script = load_script("benchmarks/readme_performance.py")
     page = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
     assert script.BEGIN in page and script.END in page
     assert script.replace_section(page, script.render()) == page, (
@@ -65,7 +57,7 @@ def summary(revision: str, repeat: int, thr: dict[str, float]) -> dict:
 
 
 def test_every_run_of_the_newest_revision_is_listed(tmp_path):
-    script = load_script()
+    script = load_script("benchmarks/readme_performance.py")
     results = tmp_path / "results"
     folders = {
         "20260101T000000Z-paired-r0": summary("old", 0, {"inferengine": 999.0, "vllm": 1.0}),
@@ -90,7 +82,7 @@ def test_every_run_of_the_newest_revision_is_listed(tmp_path):
 def test_fp8_runs_get_a_table_of_their_own(tmp_path):
     """Folders whose servers all ran `--quantization fp8` are never mixed into the bf16 table,
     however new their revision; a folder whose servers ran different formats is in neither."""
-    script = load_script()
+    script = load_script("benchmarks/readme_performance.py")
     results = tmp_path / "results"
     bf16 = summary("old", 0, {"inferengine": 100.0, "vllm": 50.0})
     fp8 = summary("new", 0, {"inferengine": 300.0, "vllm": 100.0})
@@ -118,7 +110,7 @@ def test_fp8_runs_get_a_table_of_their_own(tmp_path):
 def test_headline_counts_every_workload(tmp_path):
     """The README's headline takes the same medians as the page and counts, among every table's
     workloads, those where ours is slower, naming them."""
-    script = load_script()
+    script = load_script("benchmarks/readme_performance.py")
     results = tmp_path / "results"
     folders = {
         "20260102T000000Z-paired-r0": summary("new", 0, {"inferengine": 100.0, "vllm": 50.0}),

@@ -4,7 +4,6 @@ sends, the checks, and the command line."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from benchmarks.soak_parts.report import log_tail
 from benchmarks.soak_parts.rss import pick_samples, rss_growth
 from benchmarks.soak_parts.server_probes import METRICS, is_idle, new_kv_tokens
 from inferengine.bench.agent import parse_prometheus
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,11 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def cli():
     """benchmarks/soak.py, the script, loaded as a module (it puts benchmarks/ on sys.path)."""
-    spec = importlib.util.spec_from_file_location("soak", ROOT / "benchmarks" / "soak.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["soak"] = module
-    spec.loader.exec_module(module)
-    yield module
+    yield load_script("benchmarks/soak.py", register=True)
     sys.modules.pop("soak", None)
 
 

@@ -6,24 +6,20 @@ defaults, and every link in the README (files and #anchors into docs/) resolves.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import re
 import unicodedata
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
 
 def load_hook():
-    spec = importlib.util.spec_from_file_location(
-        "cli_reference", DOCS / "hooks" / "cli_reference.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("docs/hooks/cli_reference.py")
 
 
 @pytest.fixture(scope="module")
