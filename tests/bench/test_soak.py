@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +17,6 @@ from benchmarks.soak_parts.rss import pick_samples, rss_growth
 from benchmarks.soak_parts.server_probes import METRICS, is_idle, new_kv_tokens
 from inferengine.bench.agent import parse_prometheus
 from tests.conftest import load_script
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
