@@ -347,3 +347,4 @@ class EngineConfig:
                 "--router-cpu-hit-weight prices prompt tokens found in a replica's CPU tier, and "
                 "there is none: add --kv-offloading-size, or drop the weight."
             )
+    warmup: bool = False  # run the cold kernel variants once before reporting ready

@@ -71,3 +71,7 @@ ENGINE_HELP = {
     '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}\'',
     "async_scheduling": "schedule the next step while the GPU runs this one",
 }
+    "warmup": "before /health answers, run once every step shape and sampler path that CUDA-graph "
+    "capture leaves cold (prefill chunks above the graph sizes, long contexts, top-p/penalties/"
+    "logprobs/grammar sampling), on the null KV page; the start-up log says what and how long "
+    "(default: on with CUDA, off on the CPU)",

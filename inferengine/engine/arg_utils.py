@@ -86,6 +86,7 @@ class EngineArgs:
     speculative_config: dict | str | None = None
 
     def create_engine_config(self) -> EngineConfig:
+    warmup: bool | None = None  # None: on for CUDA, off on the CPU
         # Checked before the model is resolved (which may download it).
         parallel_config = ParallelConfig(
             self.tensor_parallel_size,
@@ -181,6 +182,7 @@ class EngineArgs:
         )
 
     # ---- CLI ---------------------------------------------------------------------------
+            warmup=self.warmup if self.warmup is not None else device == "cuda",
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser, model_positional: bool = True) -> None:
@@ -202,7 +204,7 @@ class EngineArgs:
             if f.name == "model" and model_positional:
                 parser.add_argument("model", nargs="?", default=default, help=help_text)
                 continue
-            if f.type == "bool":
+            if f.type in ("bool", "bool | None"):
                 parser.add_argument(
                     flag, action=argparse.BooleanOptionalAction, default=default, help=help_text
                 )
@@ -395,7 +397,7 @@ def _arg_type(type_name: str):
 def _env_default(f: dataclasses.Field) -> Any:
     raw = envs.cli_default(f.name)
     assert raw is not None
-    if f.type == "bool":
+    if f.type in ("bool", "bool | None"):
         return raw.lower() in ("1", "true", "yes", "on")
     try:
         if f.name in _PARSERS:

@@ -19,6 +19,7 @@ from inferengine.worker.cuda_graphs import default_capture_sizes, default_mixed_
 from inferengine.worker.kv_offload import HostKVTier
 from inferengine.worker.model_runner import ModelRunner
 from inferengine.worker.profile_run import profile_run
+from inferengine.worker.warm_up import warm_up
 
 logger = init_logger(__name__)
 
@@ -119,7 +120,9 @@ class Worker:
                 default_mixed_sizes(sc.max_num_batched_tokens),
                 capture=not self.config.enforce_eager,
             )
-        # Profiling and capture ran the model: start the expert counts from zero.
+        if self.config.warmup:
+            warm_up(self.runner)
+        # Profiling, capture and warm-up ran the model: start the expert counts from zero.
         reset = getattr(self.runner.model, "reset_expert_token_counts", None)
         if reset is not None:
             reset()
