@@ -38,6 +38,10 @@ class HostTier:
     def __contains__(self, block_hash: BlockHash) -> bool:
         return block_hash in self._lru or block_hash in self._leased
 
+    def cached_hashes(self) -> list[BlockHash]:
+        """Every hash the tier holds (what replaying its KV events gives)."""
+        return [*self._lru, *self._leased]
+
     @property
     def num_leased(self) -> int:
         return len(self._leased)

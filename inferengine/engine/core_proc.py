@@ -161,6 +161,11 @@ def run_utility(core: EngineCore, call_id: int, method: str, args: list) -> Util
             return UtilityResult(call_id, core.expert_token_counts())
         if method == "ping":
             return UtilityResult(call_id, "pong")
+        if method == "kv_events":  # for `inferengine router` (GET /kv_events)
+            from inferengine.core.kv_event_log import event_log
+
+            kv = core.scheduler.kv_cache_manager
+            return UtilityResult(call_id, event_log(kv.pool, kv.host).read(*args))
         return UtilityResult(call_id, error=f"unknown utility {method!r}")
     except Exception as e:
         return UtilityResult(call_id, error=f"{type(e).__name__}: {e}")

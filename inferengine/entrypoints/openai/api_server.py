@@ -291,6 +291,21 @@ async def stats(request: Request) -> Response:
     return JSONResponse(body)
 
 
+@router.get("/kv_events")
+async def kv_events(request: Request, since: int = 0, epoch: str | None = None) -> Response:
+    """The engine's KV events from number `since` on, or a snapshot (`core/kv_event_log.py`):
+    what `inferengine router` replays to know which prefixes this engine holds."""
+    state = _state(request)
+    engine = state.check_serving()
+    try:
+        answer = await engine.client.call_utility("kv_events", since, epoch, timeout=10.0)
+    except RuntimeError as e:
+        return status_response(501, f"no KV events here: {e}")
+    answer["events"] = [[kind, bytes(h).hex()] for kind, h in answer["events"]]
+    answer["block_size"] = state.engine_config.cache_config.block_size
+    return JSONResponse(answer)
+
+
 @router.get("/v1/models")
 async def models(request: Request) -> Response:
     mc = _state(request).engine_config.model_config
