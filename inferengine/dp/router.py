@@ -24,7 +24,7 @@ are there). Pure Python: every decision is exact.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from inferengine.config import EngineConfig
@@ -152,15 +152,17 @@ class Router:
         num_prompt_tokens: int,
         session: str | None = None,
         rerouted: bool = False,
+        exclude: Collection[int] = (),
     ) -> RouteDecision:
         """Pick a replica for a request whose prompt's full blocks hash to `block_hashes` and
-        record it as in flight there until `finish(request_id)`."""
-        live = [r for r in self.replicas if r.up]
+        record it as in flight there until `finish(request_id)`; never one in `exclude` (those
+        that already failed this request)."""
+        live = [r for r in self.replicas if r.up and r.replica_id not in exclude]
         if not live:
             raise EngineDeadError("no engine replica is up; retry shortly.")
-        decision = self._session_decision(session, block_hashes)
+        decision = self._session_decision(session, block_hashes, exclude)
         if decision is None and self.config.policy == "round-robin":
-            decision = self._round_robin_decision(block_hashes)
+            decision = self._round_robin_decision(block_hashes, exclude)
         elif decision is None:
             costs = self._costs(live, block_hashes, num_prompt_tokens)
             best = min(
@@ -179,19 +181,22 @@ class Router:
         return decision
 
     def _session_decision(
-        self, session: str | None, block_hashes: Sequence[BlockHash]
+        self, session: str | None, block_hashes: Sequence[BlockHash], exclude: Collection[int]
     ) -> RouteDecision | None:
         if session is None or session not in self.sessions:
             return None
         replica = self.replicas[self.sessions[session]]
-        if not replica.up:
+        if not replica.up or replica.replica_id in exclude:
             return None
         return self._decision(replica, block_hashes, "session", self._only(replica))
 
-    def _round_robin_decision(self, block_hashes: Sequence[BlockHash]) -> RouteDecision:
+    def _round_robin_decision(
+        self, block_hashes: Sequence[BlockHash], exclude: Collection[int]
+    ) -> RouteDecision:
         """The next replica that is up, after the one picked last (whatever they hold)."""
         n = len(self.replicas)
-        replica = next(r for i in range(n) if (r := self.replicas[(self._turn + i) % n]).up)
+        replicas = (self.replicas[(self._turn + i) % n] for i in range(n))
+        replica = next(r for r in replicas if r.up and r.replica_id not in exclude)
         self._turn = (replica.replica_id + 1) % n
         return self._decision(replica, block_hashes, "round_robin", self._only(replica))
 
