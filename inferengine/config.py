@@ -22,6 +22,8 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 QUANTIZATIONS = ("none", "fp8")
 # How `serve --data-parallel-size N` picks a replica (`dp/router.py`).
 ROUTER_POLICIES = ("cache-aware", "round-robin")
+# How an engine of several ranks starts them: processes here (mp), or Ray actors on a cluster.
+EXECUTOR_BACKENDS = ("mp", "ray")
 
 
 @dataclass
@@ -143,6 +145,9 @@ class ParallelConfig:
     router_inflight_weight: float | None = None
     router_kv_usage_weight: float | None = None
     router_cpu_hit_weight: float | None = None
+    # Where the ranks of one engine run: worker processes on this machine (mp), or Ray actors
+    # placed on a cluster's nodes (ray, `executor/ray_executor.py`).
+    distributed_executor_backend: str = "mp"
 
     def __post_init__(self) -> None:
         for flag, size in (
@@ -152,12 +157,26 @@ class ParallelConfig:
         ):
             if size < 1:
                 raise ConfigError(f"{flag} must be at least 1, got {size}.")
-        if self.ray_address and self.data_parallel_size == 1:
-            raise ConfigError(
-                "--ray-address places data-parallel replicas: give --data-parallel-size 2 or "
-                "more, or drop --ray-address."
-            )
+        self._check_executor_backend()
         self._check_router()
+
+    def _check_executor_backend(self) -> None:
+        ray_ranks = self.distributed_executor_backend == "ray"
+        if self.distributed_executor_backend not in EXECUTOR_BACKENDS:
+            raise ConfigError(
+                f"--distributed-executor-backend must be one of {', '.join(EXECUTOR_BACKENDS)}; "
+                f"got {self.distributed_executor_backend!r}."
+            )
+        if ray_ranks and self.data_parallel_size > 1:
+            raise ConfigError(
+                "--distributed-executor-backend ray places one engine's ranks; data-parallel "
+                "replicas start theirs as processes on their node: drop one of the two flags."
+            )
+        if self.ray_address and self.data_parallel_size == 1 and not ray_ranks:
+            raise ConfigError(
+                "--ray-address places data-parallel replicas, or an engine's ranks with "
+                "--distributed-executor-backend ray: give one of those, or drop --ray-address."
+            )
 
     def _check_router(self) -> None:
         """The `--router-*` flags: known values, and only where they change something."""

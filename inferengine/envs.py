@@ -59,6 +59,25 @@ def replica_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(forwarded)}
 
 
+def rank_env() -> dict[str, str]:
+    """The variables a rank's Ray actor must see as this process does: a replica's, plus the
+    collectives' settings (`NCCL_*`, `GLOO_*`, `NVSHMEM_*`, `TORCH_SYMM_MEM_*`): an interface
+    name, NVLink multicast off. Never `CUDA_VISIBLE_DEVICES`: Ray sets each actor's."""
+    forwarded = ("NCCL_", "GLOO_", "NVSHMEM_", "TORCH_SYMM_MEM_")
+    return replica_env() | {k: v for k, v in os.environ.items() if k.startswith(forwarded)}
+
+
+def ray_address() -> str | None:
+    """The Ray cluster to join when `--ray-address` is not given (`RAY_ADDRESS`, Ray's own)."""
+    return os.environ.get("RAY_ADDRESS") or None
+
+
+def set_visible_gpus(ids: list[str]) -> None:
+    """Show this process the GPUs `ids` (a Ray rank, before CUDA starts: every rank of a node
+    then sees the node's ranks' GPUs, so that peers can map each other's memory)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+
+
 def cpu_kernels() -> str:
     """How our C++ CPU kernels are built (`INFERENGINE_CPU_KERNELS`): "native" (the default,
     for this CPU's instruction sets), "off" (`0`: torch ops instead, for comparisons) or

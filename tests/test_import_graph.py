@@ -44,7 +44,7 @@ ALLOWED_ROOMS: dict[str, set[str]] = {
     "worker": {"model", "attention", "kernels", "sample", "distributed", "core", "spec_decode"},
     "executor": {"worker", "core", "distributed"},
     "engine": {"checkpoint", "core", "executor", "spec_decode", "structured_output", "metrics"},
-    "dp": {"engine", "core", "metrics"},
+    "dp": {"engine", "core", "metrics", "executor"},  # executor/ray_cluster: one Ray join
     "entrypoints": {"engine", "structured_output", "metrics", "dp", "root"},
     "bench": {"checkpoint"},
     "root": {"entrypoints", "model"},

@@ -102,12 +102,15 @@ class CustomAllReduce:
     def should_use(self, x: torch.Tensor) -> bool:
         return (
             x.is_cuda
-            and x.dtype in self._typed
-            and 0 < x.nbytes <= self.max_bytes
-            and x.nbytes % 4 == 0  # the kernel's smallest vector is 4 bytes
+            and self.covers(x.nbytes, x.dtype)
             and x.is_contiguous()
             and x.device == self.device
         )
+
+    def covers(self, nbytes: int, dtype: torch.dtype) -> bool:
+        """Whether a contiguous message of `nbytes` of `dtype` on this device takes this path."""
+        # the kernel's smallest vector is 4 bytes
+        return dtype in self._typed and 0 < nbytes <= self.max_bytes and nbytes % 4 == 0
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of `x` over the group's ranks, as a new tensor (`x` is left as it was).

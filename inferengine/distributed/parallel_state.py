@@ -34,6 +34,7 @@ class ParallelGroup:
 
 _tp = ParallelGroup()
 _pp = ParallelGroup()
+_world_cpu: object | None = None  # gloo over every rank, for small host-side messages
 
 
 def init_distributed(
@@ -41,7 +42,7 @@ def init_distributed(
 ) -> None:
     """Join the world of `tp_size * pp_size` ranks and build the groups (once per worker
     process, before the model is built). Every rank creates every group, in the same order."""
-    global _tp, _pp
+    global _tp, _pp, _world_cpu
     backend = "nccl" if device.type == "cuda" else "gloo"
     world = tp_size * pp_size
     kwargs = {"device_id": device} if device.type == "cuda" else {}
@@ -51,6 +52,7 @@ def init_distributed(
     _tp = _join_groups(stages, pp_rank, tp_rank, backend)
     columns = [[s * tp_size + t for s in range(pp_size)] for t in range(tp_size)]
     _pp = _join_groups(columns, tp_rank, pp_rank, backend)
+    _world_cpu = dist.new_group(list(range(world)), backend="gloo") if backend != "gloo" else None
     if device.type == "cuda" and tp_size > 1:
         from inferengine.distributed.custom_all_reduce import CustomAllReduce
 
@@ -72,10 +74,19 @@ def _join_groups(
 
 
 def destroy_distributed() -> None:
-    global _tp, _pp
+    global _tp, _pp, _world_cpu
     if dist.is_initialized():
         dist.destroy_process_group()
-    _tp, _pp = ParallelGroup(), ParallelGroup()
+    _tp, _pp, _world_cpu = ParallelGroup(), ParallelGroup(), None
+
+
+def gather_objects(obj: object) -> list[object]:
+    """`obj` of every rank, in rank order (a collective over the host; [obj] with one rank)."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj, group=_world_cpu)
+    return out
 
 
 def all_reduce_name() -> str:
@@ -84,7 +95,22 @@ def all_reduce_name() -> str:
         return "none (one rank)"
     if _tp.custom is not None:
         return _tp.custom.name
+    return _backend_name()
+
+
+def _backend_name() -> str:
     return "NCCL" if dist.get_backend(_tp.group) == "nccl" else "gloo"
+
+
+def all_reduce_by_size(sizes: list[int], dtype: torch.dtype) -> list[str]:
+    """The all-reduce a tensor-parallel message of each size (bytes, of `dtype`) takes."""
+    if _tp.size == 1:
+        return ["none"] * len(sizes)
+    custom = _tp.custom
+    return [
+        "one-shot" if custom is not None and custom.covers(n, dtype) else _backend_name()
+        for n in sizes
+    ]
 
 
 # ---- tensor parallel -----------------------------------------------------------------------

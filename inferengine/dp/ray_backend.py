@@ -1,4 +1,5 @@
-"""Ray for data parallelism: joining (or starting) a cluster, and one actor per replica.
+"""Ray for data parallelism: one actor per replica, on a cluster joined (or started) by
+`executor/ray_cluster.py`.
 
 A local Ray is started on demand (`address="local"`: never another user's instance), or
 `--ray-address` joins a cluster so that replicas span its nodes; there every node needs this
@@ -11,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import re
-import threading
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
@@ -21,64 +20,13 @@ from inferengine import envs
 from inferengine.config import EngineConfig
 from inferengine.dp.client import ReplicaUnavailable
 from inferengine.errors import ConfigError
+from inferengine.executor.ray_cluster import cluster_address, init_ray
+from inferengine.executor.ray_cluster import import_ray as import_ray  # the server's check
 from inferengine.logger import init_logger
 
 logger = init_logger(__name__)
 
 MAX_RESTARTS = 1000  # Ray restarts a dead replica this many times at most
-LOCAL_OBJECT_STORE_BYTES = 256 << 20  # frames are small; a local Ray needs little of it
-
-_ray_thread: threading.Thread | None = None
-
-
-def import_ray() -> Any:
-    try:
-        import ray
-    except ImportError as e:
-        raise ConfigError(
-            "--data-parallel-size places replicas with Ray, which is not installed: "
-            "pip install 'inferengine[ray]' (or pip install ray)."
-        ) from e
-    return ray
-
-
-def init_ray(address: str | None, num_cpus: int) -> Any:
-    """Join the cluster at `address`, or start a local Ray (at least `num_cpus` logical CPUs).
-
-    Ray ties the processes it starts to the thread that started them (they die with it), so
-    `ray.init` runs on a daemon thread that stays parked for the life of the process."""
-    global _ray_thread
-    ray = import_ray()
-    if ray.is_initialized():
-        return ray
-    done = threading.Event()
-    errors: list[BaseException] = []
-
-    def start() -> None:
-        try:
-            if address:
-                ray.init(address=address, include_dashboard=False, log_to_driver=True)
-            else:
-                ray.init(
-                    address="local",
-                    num_cpus=max(num_cpus, os.cpu_count() or 1),
-                    include_dashboard=False,
-                    object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-                )
-        except BaseException as e:
-            errors.append(e)
-        finally:
-            done.set()
-        threading.Event().wait()  # parked: see the docstring
-
-    _ray_thread = threading.Thread(target=start, name="inferengine-ray", daemon=True)
-    _ray_thread.start()
-    done.wait()
-    if errors:
-        where = f"the Ray cluster at {address}" if address else "a local Ray"
-        raise ConfigError(f"could not start or join {where}: {errors[0]}") from errors[0]
-    logger.info("Ray: %s", ray.cluster_resources())
-    return ray
 
 
 def replica_options(config: EngineConfig, num_gpus: float | None = None) -> dict[str, Any]:
@@ -92,7 +40,7 @@ def replica_options(config: EngineConfig, num_gpus: float | None = None) -> dict
     }
     if config.device == "cuda":
         options["num_gpus"] = world_size if num_gpus is None else num_gpus
-    if config.parallel_config.ray_address:  # another node does not share this environment
+    if cluster_address(config.parallel_config.ray_address):  # other nodes: not this environment
         options["runtime_env"] = {"env_vars": envs.replica_env()}
     return options
 

@@ -48,8 +48,12 @@ ENGINE_HELP = {
     "ranks (combines with --tensor-parallel-size)",
     "data_parallel_size": "serve only: engine replicas (each with its own engine core, split by "
     "the two sizes above) placed by Ray behind one endpoint, with a cache-aware router",
-    "ray_address": "with --data-parallel-size: the Ray cluster to join (e.g. auto, or "
-    "HEAD:6379), so replicas span its nodes; default: a local Ray started on demand",
+    "distributed_executor_backend": "how an engine of several ranks runs them: mp (worker "
+    "processes on this machine) or ray (Ray actors in a placement group, which may span the "
+    "nodes of a cluster; see --ray-address)",
+    "ray_address": "with --data-parallel-size or --distributed-executor-backend ray: the Ray "
+    "cluster to join (e.g. auto, or HEAD:6379), so replicas or ranks span its nodes; default: "
+    "RAY_ADDRESS if set, else a local Ray started on demand",
     "router_policy": "with --data-parallel-size: how the router picks a replica. cache-aware "
     "(default): the least cost = uncached prompt tokens + the inflight weight x requests in "
     "flight + the KV usage weight x KV cache usage (0-1); round-robin: the replicas in turn. "
@@ -70,8 +74,8 @@ ENGINE_HELP = {
     "speculative_config": 'speculative decoding as JSON, e.g. \'{"method": "ngram", '
     '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}\'',
     "async_scheduling": "schedule the next step while the GPU runs this one",
-}
     "warmup": "before /health answers, run once every step shape and sampler path that CUDA-graph "
     "capture leaves cold (prefill chunks above the graph sizes, long contexts, top-p/penalties/"
     "logprobs/grammar sampling), on the null KV page; the start-up log says what and how long "
     "(default: on with CUDA, off on the CPU)",
+}

@@ -23,6 +23,7 @@ from inferengine.checkpoint.resolve import resolve_model
 from inferengine.config import (
     ATTENTION_BACKENDS,
     DTYPES,
+    EXECUTOR_BACKENDS,
     KV_CACHE_DTYPES,
     LOAD_FORMATS,
     MODEL_IMPLS,
@@ -73,6 +74,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
+    distributed_executor_backend: str = "mp"
     ray_address: str | None = None
     router_policy: str | None = None
     router_inflight_weight: float | None = None
@@ -84,9 +86,9 @@ class EngineArgs:
     async_scheduling: bool = True
     served_model_name: str | None = None
     speculative_config: dict | str | None = None
+    warmup: bool | None = None  # None: on for CUDA, off on the CPU
 
     def create_engine_config(self) -> EngineConfig:
-    warmup: bool | None = None  # None: on for CUDA, off on the CPU
         # Checked before the model is resolved (which may download it).
         parallel_config = ParallelConfig(
             self.tensor_parallel_size,
@@ -97,6 +99,7 @@ class EngineArgs:
             self.router_inflight_weight,
             self.router_kv_usage_weight,
             self.router_cpu_hit_weight,
+            distributed_executor_backend=self.distributed_executor_backend,
         )
         _check_revision(self.model, self.revision)
         dtype_name = _DTYPE_ALIASES.get(self.dtype, self.dtype)
@@ -179,10 +182,10 @@ class EngineArgs:
             attention_backend_benchmark=self.attention_backend_benchmark,
             enforce_eager=self.enforce_eager or device != "cuda" or not native,
             speculative_config=speculative,
+            warmup=self.warmup if self.warmup is not None else device == "cuda",
         )
 
     # ---- CLI ---------------------------------------------------------------------------
-            warmup=self.warmup if self.warmup is not None else device == "cuda",
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser, model_positional: bool = True) -> None:
@@ -196,6 +199,7 @@ class EngineArgs:
             "device": ("auto", "cuda", "cpu"),
             "kv_cache_dtype": KV_CACHE_DTYPES,
             "router_policy": ROUTER_POLICIES,
+            "distributed_executor_backend": EXECUTOR_BACKENDS,
         }
         for f in fields(cls):
             default = _env_default(f) if envs.cli_default(f.name) is not None else f.default
@@ -481,7 +485,7 @@ def _check_parallel(
                 "--tensor-parallel-size alone, or the ngram or suffix method."
             )
         parallel.check_model(draft, "the draft model")
-    if device == "cuda":
+    if device == "cuda" and parallel.distributed_executor_backend == "mp":  # Ray: its cluster's
         import torch
 
         have = torch.cuda.device_count()

@@ -1,7 +1,8 @@
 """The executor protocol the engine core talks to, and the choice of executor.
 
 The engine core holds an `Executor`, never a concrete class: `UniprocExecutor` runs one worker in
-this process, `MultiprocExecutor` one worker process per rank (tensor × pipeline parallel).
+this process, `MultiprocExecutor` one worker process per rank (tensor × pipeline parallel),
+`RayExecutor` one Ray actor per rank, on a cluster's nodes (`--distributed-executor-backend ray`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ class Executor(Protocol):
 
 
 def make_executor(config: EngineConfig) -> Executor:
+    if config.parallel_config.distributed_executor_backend == "ray":
+        from inferengine.executor.ray_executor import RayExecutor
+
+        return RayExecutor(config)
     if config.parallel_config.world_size > 1:
         from inferengine.executor.multiproc import MultiprocExecutor
 

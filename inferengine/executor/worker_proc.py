@@ -1,5 +1,6 @@
-"""The worker process of one rank: joins the torch.distributed world, builds its `Worker` and
-runs what the executor sends until told to stop.
+"""One rank's loop: joins the torch.distributed world, builds its `Worker` and runs what the
+executor sends until told to stop, in a worker process (`run_worker`) or a Ray actor
+(`serve_rank`, from `ray_worker.py`).
 
 Messages in are msgpack frames `[method, seq, payload]`; every rank runs every call (the
 collectives need them all) and the ranks the executor asks reply `[rank, kind, seq, payload]`.
@@ -11,6 +12,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import sys
 import traceback
 from typing import Any
@@ -21,6 +23,7 @@ import zmq
 from inferengine.config import EngineConfig
 from inferengine.core.sched_output import SchedulerOutput
 from inferengine.errors import InferEngineError
+from inferengine.executor.rank_report import RankPlace, memory_info, ready_info
 
 _encoder = msgspec.msgpack.Encoder()
 _decode_any = msgspec.msgpack.Decoder().decode
@@ -54,6 +57,21 @@ def run_worker(
     from its main thread)."""
     _die_with_parent(*parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    place = RankPlace(socket.gethostname(), device_index=rank)
+    os._exit(serve_rank(config, rank, init_method, cmd_addr, reply_addr, answers_steps, place))
+
+
+def serve_rank(
+    config: EngineConfig,
+    rank: int,
+    init_method: str,
+    cmd_addr: str,
+    reply_addr: str,
+    answers_steps: bool,
+    place: RankPlace,
+) -> int:
+    """Run rank `rank` until the executor says stop (returns 0) or it fails (reports why, then
+    returns 1: its torch.distributed world is broken, so the caller must exit)."""
     ctx = zmq.Context()
     cmds = ctx.socket(zmq.PULL)
     cmds.connect(cmd_addr)
@@ -66,8 +84,8 @@ def run_worker(
         )
 
     try:
-        worker = _start(config, rank, init_method)
-        send("ready", -1, _ready_info(worker, rank))
+        worker = _start(config, rank, init_method, place.device_index)
+        send("ready", -1, ready_info(worker, place))
         from inferengine.worker.pending_step import DeferredSampling
 
         deferred: tuple[int, Any] | None = None  # (seq, step) waiting for its grammar masks
@@ -104,17 +122,17 @@ def run_worker(
         reply.close(linger=2000)
         cmds.close(linger=0)
         ctx.term()
-        os._exit(1)
+        return 1
     from inferengine.distributed.parallel_state import destroy_distributed
 
     destroy_distributed()
     reply.close(linger=1000)
     cmds.close(linger=0)
     ctx.term()
-    os._exit(0)
+    return 0
 
 
-def _start(config: EngineConfig, rank: int, init_method: str):
+def _start(config: EngineConfig, rank: int, init_method: str, device_index: int):
     import torch
 
     from inferengine.distributed.parallel_state import init_distributed
@@ -122,7 +140,7 @@ def _start(config: EngineConfig, rank: int, init_method: str):
 
     pc = config.parallel_config
     if config.device == "cuda":
-        device = torch.device("cuda", rank)
+        device = torch.device("cuda", device_index)
         torch.cuda.set_device(device)
     else:
         from inferengine.worker.cpu_env import configure_threads
@@ -130,27 +148,7 @@ def _start(config: EngineConfig, rank: int, init_method: str):
         device = torch.device("cpu")
         configure_threads(pc.world_size)
     init_distributed(rank, pc.tensor_parallel_size, pc.pipeline_parallel_size, init_method, device)
-    return Worker(config, rank)
-
-
-def _ready_info(worker, rank: int) -> dict[str, Any]:
-    import torch
-
-    from inferengine.distributed.parallel_state import all_reduce_name
-
-    info: dict[str, Any] = {
-        "attention_backend": worker.attn_backend.name,
-        "attention_backend_timings_ms": worker.attn_timings_ms,
-        "all_reduce": all_reduce_name(),
-        "pid": os.getpid(),
-    }
-    if worker.device.type == "cuda":
-        info["weights_bytes"] = torch.cuda.memory_allocated(worker.device)
-    else:
-        info["weights_bytes"] = sum(
-            p.numel() * p.element_size() for p in worker.runner.model.parameters()
-        )
-    return info
+    return Worker(config, rank, device_index)
 
 
 def _call(worker, method: str, payload: bytes) -> tuple[str, Any]:
@@ -160,7 +158,7 @@ def _call(worker, method: str, payload: bytes) -> tuple[str, Any]:
         return "result", worker.determine_num_host_blocks()
     if method == "initialize_cache":
         worker.initialize_cache(*_decode_any(payload))
-        return "result", None
+        return "result", memory_info(worker)
     if method == "propose_drafts":
         return "result", worker.runner.propose_drafts(_decode_drafts(payload))
     if method == "expert_token_counts":

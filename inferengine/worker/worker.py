@@ -25,11 +25,13 @@ logger = init_logger(__name__)
 
 
 class Worker:
-    def __init__(self, config: EngineConfig, rank: int = 0):
+    def __init__(self, config: EngineConfig, rank: int = 0, device_index: int | None = None):
+        """`device_index`: the CUDA device of this rank where it is not `rank` (a Ray actor
+        sees only its node's GPUs)."""
         self.config = config
         self.rank = rank
         if config.device == "cuda":
-            self.device = torch.device("cuda", rank)
+            self.device = torch.device("cuda", rank if device_index is None else device_index)
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
