@@ -19,6 +19,7 @@ COMMANDS = (
     ("generate",),
     ("serve",),
     ("run-batch",),
+    ("router",),
     ("bench", "serve"),
     ("bench", "paired"),
     ("bench", "agent"),

@@ -14,6 +14,7 @@ SUBCOMMAND_MODULES = (
     "inferengine.entrypoints.cli.generate",
     "inferengine.entrypoints.cli.serve",
     "inferengine.entrypoints.cli.run_batch",
+    "inferengine.entrypoints.cli.router",
     "inferengine.bench.cli",
 )
 
