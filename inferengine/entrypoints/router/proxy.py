@@ -224,7 +224,9 @@ class Proxy:
         except (ValueError, AttributeError) as e:
             self._failed(engine, e)
             return _FAILED
-        return params if isinstance(params, dict) else _NO_PARAMS
+        if not isinstance(params, dict) or params.get("do_remote_prefill") is False:
+            return _NO_PARAMS  # null, or the producer says it could not publish the pages
+        return params
 
     def _failed(self, engine: Engine, error: object) -> None:
         self.metrics.failures.labels(engine.role, engine.url).inc()

@@ -50,6 +50,7 @@ def test_a_failed_prefill_engine_is_replaced_by_another(fail):
         ("500", None, "prefill_failed"),
         ("400", None, "prefill_refused"),
         (None, {}, "no_kv_params"),  # the producer answers kv_transfer_params: null
+        (None, {"do_remote_prefill": False, "error": "no pages"}, "no_kv_params"),
     ],
 )
 def test_without_a_transfer_handle_the_decode_engine_computes_the_prompt(fail, params, reason):
