@@ -19,6 +19,8 @@ from tests.executor.test_parallel_engine import SETTINGS, _expected, _generate
 
 ray = pytest.importorskip("ray")
 
+pytestmark = pytest.mark.slow  # CI runs these too (the README's command selects no marker)
+
 
 def start_two_node_cluster():
     """A head node and a second node, one CPU each: two raylets on this machine."""

@@ -92,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
         **{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig)}
     )
     engine_config = EngineArgs.from_cli_args(args).create_engine_config()
-    if engine_config.parallel_config.data_parallel_size > 1:
+    pc = engine_config.parallel_config
+    if pc.data_parallel_size > 1 or pc.distributed_executor_backend == "ray":
         from inferengine.dp.ray_backend import import_ray
 
         import_ray()  # refused here, before the server starts, if Ray is missing
