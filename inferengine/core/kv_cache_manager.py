@@ -251,12 +251,22 @@ class KVCacheManager:
 
     @property
     def num_live_sessions(self) -> int:
+        self._drop_ended_sessions()
+        return len(self.sessions)
+
+    def live_sessions(self, limit: int) -> list[tuple[str, float]]:
+        """(session key, seconds its lease has left) of up to `limit` sessions, longest first."""
+        self._drop_ended_sessions()
+        now = self.clock()
+        ends = heapq.nlargest(limit, self.sessions.items(), key=lambda item: item[1])
+        return [(key, round(end - now, 3)) for key, end in ends]
+
+    def _drop_ended_sessions(self) -> None:
         now, heap = self.clock(), self._session_ends
         while heap and heap[0][0] <= now:  # entries a longer lease replaced are skipped
             end, key = heapq.heappop(heap)
             if self.sessions.get(key) == end:
                 del self.sessions[key]
-        return len(self.sessions)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]

@@ -223,6 +223,17 @@ class DPClient:
             return sum(used) if used else None
         if method == "expert_token_counts":
             return _sum_counts(values)
+        if method == "activity":  # every replica's sessions, each named with its replica
+            return {
+                "sessions": [
+                    {**session, "replica": slot.handle.replica_id}
+                    for slot, answer in answers
+                    for session in answer["sessions"]
+                ],
+                "num_structured_output_requests": sum(
+                    v["num_structured_output_requests"] for v in values
+                ),
+            }
         return values[0] if values else None
 
     # ---- receiving --------------------------------------------------------------------

@@ -161,6 +161,17 @@ def run_utility(core: EngineCore, call_id: int, method: str, args: list) -> Util
             return UtilityResult(call_id, core.expert_token_counts())
         if method == "ping":
             return UtilityResult(call_id, "pong")
+        if method == "activity":  # GET /stats: leased sessions, requests under a grammar
+            sessions = core.scheduler.kv_cache_manager.live_sessions(*args)
+            structured = core.structured
+            return UtilityResult(
+                call_id,
+                {
+                    "sessions": [{"key": k, "expires_in_s": s} for k, s in sessions],
+                    "num_structured_output_requests": len(structured.matchers)
+                    + len(structured.waiting),
+                },
+            )
         if method == "kv_events":  # for `inferengine router` (GET /kv_events)
             from inferengine.core.kv_event_log import event_log
 

@@ -62,6 +62,7 @@ UVICORN_GRACE_S = 1
 SHUTDOWN_RESERVE_S = 0.3
 ENGINE_WATCH_S = 0.1  # how often the server checks that its engine still runs
 DEAD_ENGINE_GRACE_S = 1.0  # once the engine died, how long failed requests get to say so
+STATS_MAX_SESSIONS = 100  # /stats lists the sessions whose leases end last, up to this many
 
 
 def make_engine(config: EngineConfig, stat_loggers: list[StatLogger]) -> AsyncLLM:
@@ -285,6 +286,7 @@ async def stats(request: Request) -> Response:
     engine = state.check_serving()
     await engine.refresh_stats()
     body = engine.get_stats()
+    body.update(await engine.client.call_utility("activity", STATS_MAX_SESSIONS))
     body["engine_pid"] = engine.ready_info.get("pid")
     body["server_status"] = state.status
     body["server_in_flight"] = state.in_flight
