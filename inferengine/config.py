@@ -7,6 +7,7 @@ Pure Python (no torch): the scheduler and KV manager read it too. `EngineArgs` i
 from __future__ import annotations
 
 import math
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -345,6 +346,75 @@ class SpeculativeConfig:
         return cls(**values)
 
 
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+KV_CONNECTORS = ("NixlConnector", "SharedMemoryConnector")
+
+
+@dataclass
+class KVTransferConfig:
+    """`--kv-transfer-config` / `LLM(kv_transfer_config=...)` in vLLM's spelling: this engine's
+    side of disaggregated prefill and decode (`kv_transfer/`). `kv_connector` None: the best
+    transport that loads (NIXL, else shared memory)."""
+
+    kv_role: str = "kv_both"
+    kv_connector: str | None = None
+    engine_id: str | None = None  # default: a fresh id per start
+    kv_ip: str = "127.0.0.1"  # the address consumers are told to reach this engine at
+    kv_port: int | None = None
+    kv_hold_timeout_s: float = 60.0  # a producer frees pages no consumer took by then
+    kv_load_timeout_s: float = 30.0  # a consumer recomputes a prompt whose pages took longer
+    kv_buffer_dir: str = "/dev/shm"  # SharedMemoryConnector: where the page files live
+
+    def __post_init__(self) -> None:
+        if self.engine_id is None:
+            self.engine_id = uuid.uuid4().hex[:16]
+        if self.kv_role not in KV_ROLES:
+            raise ConfigError(
+                f"kv_transfer_config: kv_role must be one of {', '.join(KV_ROLES)}; "
+                f"got {self.kv_role!r}."
+            )
+        if self.kv_connector is not None and self.kv_connector not in KV_CONNECTORS:
+            raise ConfigError(
+                f"kv_transfer_config: kv_connector must be one of {', '.join(KV_CONNECTORS)} "
+                f"(or left out for the best one that loads); got {self.kv_connector!r}."
+            )
+        for name in ("kv_hold_timeout_s", "kv_load_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"kv_transfer_config: {name} must be a positive number.")
+        if self.kv_port is not None and (
+            isinstance(self.kv_port, bool)
+            or not isinstance(self.kv_port, int)
+            or not 0 < self.kv_port < 65536
+        ):
+            raise ConfigError(
+                f"kv_transfer_config: kv_port must be a port number, not {self.kv_port!r}."
+            )
+
+    @property
+    def is_producer(self) -> bool:
+        return self.kv_role in ("kv_producer", "kv_both")
+
+    @property
+    def is_consumer(self) -> bool:
+        return self.kv_role in ("kv_consumer", "kv_both")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> KVTransferConfig:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(
+                f"kv_transfer_config: unknown key(s) {', '.join(unknown)}; the keys are "
+                f"{', '.join(sorted(known))}."
+            )
+        for name in ("kv_role", "kv_connector", "engine_id", "kv_ip", "kv_buffer_dir"):
+            value = values.get(name)
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"kv_transfer_config: {name} must be a string, not {value!r}.")
+        return cls(**values)
+
+
 @dataclass
 class EngineConfig:
     model_config: ModelConfig
@@ -357,6 +427,8 @@ class EngineConfig:
     enforce_eager: bool = False
     cuda_graph_sizes: list[int] = field(default_factory=list)
     speculative_config: SpeculativeConfig | None = None
+    warmup: bool = False  # run the cold kernel variants once before reporting ready
+    kv_transfer_config: KVTransferConfig | None = None  # disaggregated prefill/decode
 
     def __post_init__(self) -> None:
         if self.parallel_config.router_cpu_hit_weight is not None and not (
@@ -366,4 +438,3 @@ class EngineConfig:
                 "--router-cpu-hit-weight prices prompt tokens found in a replica's CPU tier, and "
                 "there is none: add --kv-offloading-size, or drop the weight."
             )
-    warmup: bool = False  # run the cold kernel variants once before reporting ready

@@ -60,4 +60,5 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     error: str | None = None  # set when the engine refused or failed the request
+    kv_transfer_params: dict | None = None  # a disaggregated producer's, for the consumer
     extra: dict = field(default_factory=dict)

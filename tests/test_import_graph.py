@@ -41,7 +41,17 @@ ALLOWED_ROOMS: dict[str, set[str]] = {
     "attention": {"kernels"},
     "spec_decode": {"attention", "core"},
     "model": {"checkpoint", "attention", "kernels", "distributed"},
-    "worker": {"model", "attention", "kernels", "sample", "distributed", "core", "spec_decode"},
+    "kv_transfer": {"core"},  # disaggregated prefill/decode: the transports
+    "worker": {
+        "model",
+        "attention",
+        "kernels",
+        "sample",
+        "distributed",
+        "core",
+        "spec_decode",
+        "kv_transfer",
+    },
     "executor": {"worker", "core", "distributed"},
     "engine": {"checkpoint", "core", "executor", "spec_decode", "structured_output", "metrics"},
     "dp": {"engine", "core", "metrics", "executor"},  # executor/ray_cluster: one Ray join

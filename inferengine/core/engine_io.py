@@ -24,6 +24,8 @@ class EngineCoreRequest(msgspec.Struct, omit_defaults=True):
     cache_key: str | None = None
     cache_ttl_s: float | None = None
     cache_breakpoints: list[tuple[int, float]] = []
+    # Disaggregated prefill/decode: the router's `kv_transfer_params` (`kv_transfer/`)
+    kv_transfer_params: dict | None = None
 
 
 class LogprobsLists(msgspec.Struct, array_like=True):
@@ -46,6 +48,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     # On a request's first output only: when the core queued it and first scheduled it.
     queued_time: float = 0.0
     scheduled_time: float = 0.0
+    # A producer's finished request: where a consumer fetches its prompt's KV pages
+    kv_transfer_params: dict | None = None
 
 
 class SpecDecodingStats(msgspec.Struct, omit_defaults=True):
@@ -95,6 +99,24 @@ class KVTierStats(msgspec.Struct, omit_defaults=True):
     leased_evicted_blocks: int = 0  # leased pages reused anyway (GPU and CPU)
 
 
+class KVTransferStats(msgspec.Struct, omit_defaults=True):
+    """Disaggregated prefill/decode (`kv_transfer/`); counts cumulative, the rest current."""
+
+    sent_tokens: int = 0  # producer: prompt tokens whose pages a consumer took (or were pushed)
+    sent_transfers: int = 0
+    expired_holds: int = 0  # producer: transfers whose pages were freed by the hold timeout
+    held_blocks: int = 0  # producer: pages kept for consumers now
+    received_tokens: int = 0  # consumer: prompt tokens loaded from a producer
+    received_transfers: int = 0
+    local_prefill_tokens: int = (
+        0  # consumer: prompt tokens of remote-prefill requests computed here
+    )
+    fallbacks: int = 0  # consumer: transfers that failed or timed out (prompt recomputed)
+    waiting_requests: int = 0  # consumer: requests waiting for their pages now
+    # The newest finished receives: (sequence number, seconds, bytes), for histograms
+    recent: list[tuple[int, float, int]] = []
+
+
 class SchedulerStats(msgspec.Struct, omit_defaults=True):
     num_running: int = 0
     num_waiting: int = 0
@@ -108,6 +130,7 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     step_num_tokens: int = 0  # tokens scheduled in the last step
     spec_decoding: SpecDecodingStats | None = None
     kv_tiers: KVTierStats | None = None
+    kv_transfer: KVTransferStats | None = None
 
 
 class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):

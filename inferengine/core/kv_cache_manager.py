@@ -126,6 +126,7 @@ class KVCacheManager:
         new_computed_blocks: Sequence[KVCacheBlock] = (),
         num_new_computed_tokens: int = 0,
         host_hits: Sequence[int] = (),
+        cache_new: bool = True,
     ) -> list[KVCacheBlock] | None:
         """Give `request` pages for `num_new_tokens` more tokens, after its prefix-cache hits
         (`num_new_computed_tokens` counts those in the pool and the `host_hits` slots, which
@@ -134,7 +135,8 @@ class KVCacheManager:
         Returns the newly allocated blocks, or None (changing nothing) when too few are free.
         Full blocks that this step will fill are registered in the prefix cache right away, so a
         request scheduled later in the same step can share them (their K/V are written before
-        any attention reads them, layer by layer).
+        any attention reads them, layer by layer); with `cache_new` False they are registered
+        by a later call (pages another engine's KV is still being copied into).
         """
         blocks = self.req_to_blocks.get(request.request_id, [])
         num_computed = request.num_computed_tokens + num_new_computed_tokens
@@ -153,7 +155,7 @@ class KVCacheManager:
             self.loads.append((slot, block.block_id))
         self.prefix_stats.loaded_blocks += len(host_hits)
         blocks.extend(new_blocks)
-        if self.enable_caching:
+        if self.enable_caching and cache_new:
             num_known = min(num_computed + num_new_tokens, request.num_tokens)
             self._cache_full_blocks(request, blocks, num_known // self.block_size)
         return new_blocks

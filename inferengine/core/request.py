@@ -11,12 +11,13 @@ from inferengine.sampling_params import SamplingParams
 
 class RequestStatus(IntEnum):
     WAITING = 0
-    RUNNING = 1
-    PREEMPTED = 2
+    WAITING_FOR_REMOTE_KV = 1  # holds pages that another engine's KV is being copied into
+    RUNNING = 2
+    PREEMPTED = 3
     # Every finished state sorts after PREEMPTED, so `is_finished` is one comparison.
-    FINISHED_STOPPED = 3
-    FINISHED_LENGTH_CAPPED = 4
-    FINISHED_ABORTED = 5
+    FINISHED_STOPPED = 4
+    FINISHED_LENGTH_CAPPED = 5
+    FINISHED_ABORTED = 6
 
     @property
     def is_finished(self) -> bool:
@@ -59,6 +60,7 @@ class Request:
         cache_key: str | None = None,
         cache_ttl_s: float | None = None,
         cache_breakpoints: list[tuple[int, float]] | None = None,
+        kv_transfer_params: dict | None = None,
     ):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -71,6 +73,9 @@ class Request:
         self.cache_key = cache_key
         self.cache_ttl_s = cache_ttl_s
         self.cache_breakpoints = cache_breakpoints or []
+        # Disaggregated prefill/decode (`kv_transfer/`): what the router asked of this engine
+        self.kv_transfer_params = kv_transfer_params
+        self.kv_fetch_done = False  # a consumer fetches a request's pages once
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)

@@ -32,6 +32,17 @@ class CachedRequestData:
     new_token_ids: list[int] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class KVFetch:
+    """Disaggregated decode: copy a producer's pages `remote_block_ids` into this engine's
+    `block_ids` (allocated ahead); `params` is the producer's `kv_transfer_params`."""
+
+    req_id: str
+    params: dict
+    remote_block_ids: list[int]
+    block_ids: list[int]
+
+
 @dataclass
 class SchedulerOutput:
     scheduled_new_reqs: list[NewRequestData]
@@ -54,6 +65,10 @@ class SchedulerOutput:
     # The masks come later (`StepHandle.provide_grammar`): they need the previous step's
     # tokens, which the engine core folds in while this step's forward runs.
     grammar_deferred: bool = False
+    # Disaggregated prefill/decode (`kv_transfer/`): fetches to start before this step, and
+    # requests whose prompt pages this step completes: request -> pages to publish
+    kv_fetches: list[KVFetch] = field(default_factory=list)
+    kv_publishes: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -73,3 +88,20 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int], int]] = field(
         default_factory=dict
     )
+    # KV transfer events the worker saw since the last step (`worker/kv_connector.py`)
+    kv_events: KVTransferEvents | None = None
+
+
+@dataclass
+class KVTransferEvents:
+    """published: request -> the transport's part of its `kv_transfer_params` (None: failed);
+    released: producer transfers done with (the consumer took the pages, or they expired);
+    fetched: request -> (ok, seconds, bytes) of each finished fetch."""
+
+    published: dict[str, dict | None] = field(default_factory=dict)
+    released: list[str] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)
+    fetched: dict[str, tuple[bool, float, int]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.published or self.released or self.expired or self.fetched)

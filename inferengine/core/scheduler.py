@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
-from inferengine.config import CacheConfig, SchedulerConfig
+from inferengine.config import CacheConfig, KVTransferConfig, SchedulerConfig
 from inferengine.core.engine_io import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -26,6 +26,7 @@ from inferengine.core.engine_io import (
 )
 from inferengine.core.hashing import BlockHasher
 from inferengine.core.kv_cache_manager import KVCacheManager
+from inferengine.core.kv_connector import KVConnectorScheduler
 from inferengine.core.request import Request, RequestStatus
 from inferengine.core.sched_output import (
     CachedRequestData,
@@ -87,10 +88,12 @@ class Scheduler:
         pipeline_stages: int = 1,
         keep_finished: bool = False,
         kv_page_bytes: int = 0,
+        kv_transfer_config: KVTransferConfig | None = None,
     ):
         """`pipeline_stages`: pipeline-parallel stages (more than one: steps in flight over
         disjoint requests); `keep_finished`: keep ended requests in `just_finished` for the
-        speculation room; `kv_page_bytes`: one KV page's bytes over all ranks (tier stats)."""
+        speculation room; `kv_page_bytes`: one KV page's bytes over all ranks (tier stats);
+        `kv_transfer_config`: disaggregated prefill/decode (`core/kv_connector.py`)."""
         self.config = scheduler_config
         self.max_num_seqs = scheduler_config.max_num_seqs
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
@@ -123,6 +126,7 @@ class Scheduler:
         self.pipelined = pipeline_stages > 1
         self.pipeline_depth = pipeline_stages
         self.kv_page_bytes = kv_page_bytes
+        self.kv_connector = KVConnectorScheduler(kv_transfer_config, self.kv_cache_manager)
 
     # ---- requests in and out -------------------------------------------------------------
 
@@ -143,6 +147,10 @@ class Scheduler:
             request = self.requests.get(request_id)
             if request is None or request.is_finished:
                 continue
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
+                request.status = status  # freed once the worker is done with its pages
+                finished.append(request)
+                continue
             if request.status == RequestStatus.RUNNING:
                 self.running.remove(request)
             else:
@@ -153,11 +161,11 @@ class Scheduler:
         return finished
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self.kv_connector.loading)
 
     @property
     def num_unfinished_requests(self) -> int:
-        return len(self.running) + len(self.waiting)
+        return len(self.running) + len(self.waiting) + len(self.kv_connector.loading)
 
     # ---- one step ------------------------------------------------------------------------
 
@@ -172,6 +180,7 @@ class Scheduler:
         seq_cap = self._step_seq_cap(depth)
         kv = self.kv_cache_manager
         kv.expire_leases()
+        self.kv_connector.expire_holds()
 
         for request in list(self.running):
             if budget <= 0 or len(num_scheduled) >= seq_cap:
@@ -213,19 +222,31 @@ class Scheduler:
         ):
             request = self.waiting.peek()
             hits, num_hit_tokens = kv.get_computed_blocks(request)
-            host_hits = kv.get_host_hits(request, len(hits))
+            if self.kv_connector.wants_fetch(request):
+                parked = self.kv_connector.start_fetch(request, hits)
+                if parked is None:
+                    break
+                if parked:
+                    self.waiting.pop()
+                    continue
+            if request.num_computed_tokens:  # holds pages fetched from another engine
+                hits, num_hit_tokens, host_hits = [], 0, []
+            else:
+                host_hits = kv.get_host_hits(request, len(hits))
             num_hit_tokens += len(host_hits) * self.block_size
-            num_new = min(request.num_tokens - num_hit_tokens, self._chunk_cap(budget))
+            num_computed = request.num_computed_tokens + num_hit_tokens
+            num_new = min(request.num_tokens - num_computed, self._chunk_cap(budget))
             new_blocks = kv.allocate_slots(request, num_new, hits, num_hit_tokens, host_hits)
             if new_blocks is None:
                 break
             self.waiting.pop()
             request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = num_hit_tokens
+            request.num_computed_tokens = num_computed
             if request.num_cached_tokens < 0:
-                request.num_cached_tokens = num_hit_tokens
+                request.num_cached_tokens = num_computed
                 request.scheduled_time = time.time()
                 kv.record_lookup(request.num_tokens, len(hits), len(host_hits))
+                self.kv_connector.admitted(request)
             self.running.append(request)
             scheduled_new.append(request)
             num_scheduled[request.request_id] = num_new
@@ -269,6 +290,7 @@ class Scheduler:
             if self.requests[req_id].spec_token_ids
         }
         offloads, loads, writebacks = self.kv_cache_manager.end_step()
+        fetches, publishes = self.kv_connector.step_work(num_scheduled, self.requests)
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached_reqs,
@@ -279,6 +301,8 @@ class Scheduler:
             kv_offloads=offloads,
             kv_loads=loads,
             kv_writebacks=writebacks,
+            kv_fetches=fetches,
+            kv_publishes=publishes,
         )
         self.finished_req_ids = set()
         for req_id, n in num_scheduled.items():
@@ -356,6 +380,11 @@ class Scheduler:
     ) -> EngineCoreOutputs:
         outputs: list[EngineCoreOutput] = []
         self.last_verified = []
+        for request in self.kv_connector.update(runner_output.kv_events):
+            if request.is_finished:  # aborted while its pages were coming
+                self._free(request)
+            else:
+                self.waiting.add_front(request)
         index = {req_id: i for i, req_id in enumerate(runner_output.req_ids)}
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)
@@ -393,7 +422,7 @@ class Scheduler:
                 output.scheduled_time = request.scheduled_time or 0.0
             outputs.append(output)
             if request.is_finished:
-                self._free(request)
+                output.kv_transfer_params = self._free(request)
         return EngineCoreOutputs(
             outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time()
         )
@@ -424,12 +453,15 @@ class Scheduler:
                 break
         return accepted
 
-    def _free(self, request: Request) -> None:
+    def _free(self, request: Request) -> dict | None:
+        """Release an ended request; a producer's `kv_transfer_params` for it, if any."""
+        params = self.kv_connector.request_finished(request)
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
         if self.keep_finished:
             self.just_finished.append(request)
+        return params
 
     # ---- stats -------------------------------------------------------------------------
 
@@ -449,6 +481,7 @@ class Scheduler:
             step_num_tokens=self._last_step_tokens,
             spec_decoding=self.spec_stats if self.spec_stats.num_drafts else None,
             kv_tiers=self._tier_stats(),
+            kv_transfer=self.kv_connector.make_stats(),
         )
 
     def _tier_stats(self) -> KVTierStats | None:

@@ -73,6 +73,11 @@ ENGINE_HELP = {
     "served_model_name": "the model name clients send and see (default: --model)",
     "speculative_config": 'speculative decoding as JSON, e.g. \'{"method": "ngram", '
     '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}\'',
+    "kv_transfer_config": "disaggregated prefill/decode as JSON, in vLLM's spelling, e.g. "
+    '\'{"kv_role": "kv_producer", "kv_connector": "NixlConnector"}\' (kv_role: kv_producer, '
+    "kv_consumer or kv_both; kv_connector: NixlConnector or SharedMemoryConnector, left out: "
+    "the best that loads; kv_hold_timeout_s, kv_load_timeout_s, kv_ip, kv_port, engine_id, "
+    "kv_buffer_dir); see docs/disaggregated.md",
     "async_scheduling": "schedule the next step while the GPU runs this one",
     "warmup": "before /health answers, run once every step shape and sampler path that CUDA-graph "
     "capture leaves cold (prefill chunks above the graph sizes, long contexts, top-p/penalties/"

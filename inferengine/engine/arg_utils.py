@@ -31,6 +31,7 @@ from inferengine.config import (
     SCHEDULING_POLICIES,
     CacheConfig,
     EngineConfig,
+    KVTransferConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
@@ -86,6 +87,7 @@ class EngineArgs:
     async_scheduling: bool = True
     served_model_name: str | None = None
     speculative_config: dict | str | None = None
+    kv_transfer_config: dict | str | None = None
     warmup: bool | None = None  # None: on for CUDA, off on the CPU
 
     def create_engine_config(self) -> EngineConfig:
@@ -155,6 +157,7 @@ class EngineArgs:
             )
         _check_parallel(parallel_config, model_config, speculative, device, native)
         _check_offloading(self.kv_offloading_size, self.enable_prefix_caching, speculative)
+        kv_transfer = _kv_transfer_config(self.kv_transfer_config, parallel_config)
         return EngineConfig(
             model_config=model_config,
             cache_config=CacheConfig(
@@ -183,6 +186,7 @@ class EngineArgs:
             enforce_eager=self.enforce_eager or device != "cuda" or not native,
             speculative_config=speculative,
             warmup=self.warmup if self.warmup is not None else device == "cuda",
+            kv_transfer_config=kv_transfer,
         )
 
     # ---- CLI ---------------------------------------------------------------------------
@@ -285,6 +289,31 @@ def _speculative_config(value: dict | str | None) -> SpeculativeConfig | None:
     if not isinstance(value, dict):
         raise ConfigError("--speculative-config must be a JSON object, e.g. '{\"method\": ...}'.")
     return SpeculativeConfig.from_dict(value)
+
+
+def _kv_transfer_config(
+    value: dict | str | None, parallel: ParallelConfig
+) -> KVTransferConfig | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ConfigError(
+                f"--kv-transfer-config is not valid JSON ({e}); write e.g. "
+                '\'{"kv_role": "kv_producer", "kv_connector": "NixlConnector"}\'.'
+            ) from e
+    if not isinstance(value, dict):
+        raise ConfigError(
+            '--kv-transfer-config must be a JSON object, e.g. \'{"kv_role": "kv_consumer"}\'.'
+        )
+    if parallel.world_size > 1 or parallel.data_parallel_size > 1:
+        raise ConfigError(
+            "--kv-transfer-config works on one-rank engines only so far: drop "
+            "--tensor-parallel-size, --pipeline-parallel-size and --data-parallel-size."
+        )
+    return KVTransferConfig.from_dict(value)
 
 
 def _model_implementation(hf_config: dict, model_impl: str) -> tuple[dict, bool]:

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from inferengine.config import EngineConfig
-from inferengine.core.engine_io import SchedulerStats, SpecDecodingStats
+from inferengine.core.engine_io import KVTransferStats, SchedulerStats, SpecDecodingStats
 from inferengine.engine.core_client import AsyncMPClient
 from inferengine.engine.input_processor import InputProcessor, PromptType
 from inferengine.engine.llm_engine import fan_out
@@ -144,6 +144,7 @@ class AsyncLLM:
         priority: int = 0,
         cache_salt: str | None = None,
         retention: Retention | None = None,
+        kv_transfer_params: dict | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Stream outputs of one request; leaving the loop early aborts it in the engine."""
         if not self.is_running:
@@ -163,6 +164,7 @@ class AsyncLLM:
             priority,
             cache_salt,
             retention,
+            kv_transfer_params,
         )
         self.collectors[request_id] = collector
         self.children[request_id] = [r.request_id for r in core_requests]
@@ -258,6 +260,7 @@ class AsyncLLM:
             else 0.0,
             "num_preemptions": s.num_preemptions,
             "kv_tiers": msgspec.to_builtins(s.kv_tiers) if s.kv_tiers is not None else None,
+            "kv_transfer": _transfer_stats(s.kv_transfer),
             "spec_decoding": _spec_stats(s.spec_decoding),
             "prompt_tokens_per_s": round(prompt_rate, 3),
             "generation_tokens_per_s": round(generation_rate, 3),
@@ -276,6 +279,13 @@ class AsyncLLM:
         if self._handler is not None:
             self._handler.cancel()
         self.client.shutdown()
+
+
+def _transfer_stats(stats: KVTransferStats | None) -> dict | None:
+    """Disaggregated prefill/decode so far (`kv_transfer/`), without the histograms' feed."""
+    if stats is None:
+        return None
+    return {k: v for k, v in msgspec.to_builtins(stats).items() if k != "recent"}
 
 
 def _spec_stats(spec: SpecDecodingStats | None) -> dict | None:

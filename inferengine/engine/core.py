@@ -52,6 +52,7 @@ class EngineCore:
             pipeline_stages=pp,
             keep_finished=config.speculative_config is not None,
             kv_page_bytes=self.kv_page_bytes,
+            kv_transfer_config=config.kv_transfer_config,
         )
         self._pending_errors: dict[str, str] = {}
         self._pending_outputs: list[EngineCoreOutput] = []
@@ -97,6 +98,7 @@ class EngineCore:
             cache_key=request.cache_key,
             cache_ttl_s=request.cache_ttl_s,
             cache_breakpoints=[tuple(b) for b in request.cache_breakpoints],
+            kv_transfer_params=request.kv_transfer_params,
         )
         if request.sampling_params.structured_outputs is not None:
             self.structured.submit(core_request)  # joins the scheduler once its matcher is built

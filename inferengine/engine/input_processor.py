@@ -130,8 +130,14 @@ class InputProcessor:
         priority: int = 0,
         cache_salt: str | None = None,
         retention: Retention | None = None,
+        kv_transfer_params: dict | None = None,
     ) -> EngineCoreRequest:
         self.validate(prompt_token_ids, params, priority)
+        if kv_transfer_params is not None and params.n > 1:
+            raise InvalidRequestError(
+                "kv_transfer_params (disaggregated prefill/decode) takes one sample: use n=1.",
+                param="kv_transfer_params",
+            )
         retention = retention or Retention()
         for num_tokens, _ in retention.breakpoints:
             if not 0 < num_tokens <= len(prompt_token_ids):
@@ -152,4 +158,5 @@ class InputProcessor:
             cache_key=retention.key,
             cache_ttl_s=retention.ttl_s,
             cache_breakpoints=list(retention.breakpoints),
+            kv_transfer_params=kv_transfer_params,
         )

@@ -44,6 +44,7 @@ def fan_out(
     priority: int = 0,
     cache_salt: str | None = None,
     retention: Retention | None = None,
+    kv_transfer_params: dict | None = None,
 ) -> list[EngineCoreRequest]:
     """The engine-core requests of one user request (one per sample of `n`), each validated
     before any is registered with the output processor; returns them to be sent."""
@@ -56,6 +57,7 @@ def fan_out(
             priority=priority,
             cache_salt=cache_salt,
             retention=retention,
+            kv_transfer_params=kv_transfer_params,
         )
         for index in range(params.n)
     ]
@@ -105,6 +107,7 @@ class LLMEngine:
         priority: int = 0,
         cache_salt: str | None = None,
         retention: Retention | None = None,
+        kv_transfer_params: dict | None = None,
     ) -> None:
         text, token_ids = self.input_processor.tokenize(prompt)
         for request in fan_out(
@@ -117,6 +120,7 @@ class LLMEngine:
             priority,
             cache_salt,
             retention,
+            kv_transfer_params,
         ):
             self.core.add_request(request)
 

@@ -72,6 +72,7 @@ class RequestState:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.num_cached_tokens = 0
+        self.kv_transfer_params: dict | None = None
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.max_stop_len = max((len(s) for s in params.stop), default=0)
 
@@ -97,6 +98,8 @@ class RequestState:
             m.first_token_time = m.first_token_time or now
             m.last_token_time = now
         self.num_cached_tokens = out.num_cached_tokens
+        if out.kv_transfer_params is not None:
+            self.kv_transfer_params = out.kv_transfer_params
         if out.new_prompt_logprobs is not None and self.prompt_logprobs is not None:
             self._add_prompt_logprobs(out.new_prompt_logprobs)
         self.token_ids.extend(out.new_token_ids)
@@ -306,4 +309,5 @@ class OutputProcessor:
             num_cached_tokens=state.num_cached_tokens,
             metrics=state.metrics,
             error=error,
+            kv_transfer_params=state.kv_transfer_params,
         )

@@ -56,4 +56,5 @@ class UniprocExecutor:
         return self.worker.attn_timings_ms
 
     def shutdown(self) -> None:
-        pass
+        if self.worker.runner.kv_connector is not None:
+            self.worker.runner.kv_connector.close()

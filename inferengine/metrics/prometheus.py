@@ -19,6 +19,9 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 ITL_BUCKETS += [7.5, 10.0, 20.0, 40.0, 80.0]
 LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0]
 LATENCY_BUCKETS += [60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+TRANSFER_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+TRANSFER_BUCKETS += [30.0, 60.0]
+TRANSFER_BYTES_BUCKETS = [float(4**i * 2**10) for i in range(14)]  # 1 KiB to 64 GiB
 
 
 def buckets_1_2_5(limit: int) -> list[float]:
@@ -113,6 +116,37 @@ class PrometheusStatLogger(StatLogger):
             [*names, "layer", "expert"],
             registry=r,
         )
+        self.transfer_counters = {
+            "sent_tokens": counter(
+                "kv_transfer_sent_tokens", "Prompt tokens whose KV pages a consumer took."
+            ),
+            "received_tokens": counter(
+                "kv_transfer_received_tokens", "Prompt tokens whose KV pages came from a producer."
+            ),
+            "local_prefill_tokens": counter(
+                "kv_transfer_local_prefill_tokens",
+                "Prompt tokens of remote-prefill requests that this consumer computed itself.",
+            ),
+            "fallbacks": counter(
+                "kv_transfer_fallback",
+                "KV transfers that failed or timed out (the consumer recomputed the prompt).",
+            ),
+            "expired_holds": counter(
+                "kv_transfer_expired_holds", "Held KV transfers freed by the hold timeout."
+            ),
+        }
+        self.transfer_gauges = {
+            "held_blocks": gauge("kv_transfer_held_blocks", "KV pages held for consumers."),
+            "waiting_requests": gauge(
+                "kv_transfer_waiting_requests", "Requests waiting for a producer's KV pages."
+            ),
+        }
+        self.transfer_seconds = histogram(
+            "kv_transfer_seconds", "Time of one KV fetch, seconds.", TRANSFER_BUCKETS
+        )
+        self.transfer_bytes = histogram(
+            "kv_transfer_bytes", "Bytes of one KV fetch.", TRANSFER_BYTES_BUCKETS
+        )
         self.prompt_tokens = counter("prompt_tokens", "Prefill tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Generation tokens produced.")
         success = Counter(
@@ -198,6 +232,8 @@ class PrometheusStatLogger(StatLogger):
                 self._advance(f"tier_{name}", getattr(tiers, name), counter)
             for name, gauge in self.tier_gauges.items():
                 gauge.set(getattr(tiers, name))
+        if s.kv_transfer is not None:
+            self._update_transfer(s)
         spec = s.spec_decoding
         if spec is not None:
             for name, counter in self.spec_counters.items():
@@ -205,6 +241,20 @@ class PrometheusStatLogger(StatLogger):
             for pos, total in enumerate(spec.num_accepted_tokens_per_pos):
                 child = self.spec_per_pos.labels(self.model_name, str(pos))
                 self._advance(f"spec_pos_{pos}", total, child)
+
+    def _update_transfer(self, s: SchedulerStats) -> None:
+        transfer = s.kv_transfer
+        assert transfer is not None
+        for name, counter in self.transfer_counters.items():
+            self._advance(f"transfer_{name}", getattr(transfer, name), counter)
+        for name, gauge in self.transfer_gauges.items():
+            gauge.set(getattr(transfer, name))
+        seen = self._totals.get("transfer_seq", 0)
+        for seq, seconds, nbytes in transfer.recent:
+            if seq > seen:
+                self.transfer_seconds.observe(seconds)
+                self.transfer_bytes.observe(nbytes)
+                self._totals["transfer_seq"] = seq
 
     def _advance(self, key: str, now: int, counter) -> None:
         before = self._totals.get(key, 0)

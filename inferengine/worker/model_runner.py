@@ -34,6 +34,7 @@ from inferengine.spec_decode.draft_model import DraftModelProposer, DraftRequest
 from inferengine.worker.cuda_graphs import CudaGraphRunner, GraphShape
 from inferengine.worker.grammar_mask import apply_grammar_bitmask
 from inferengine.worker.input_batch import InputBuffers, RequestState, StepLayout, append_tokens
+from inferengine.worker.kv_connector import KVConnectorWorker
 from inferengine.worker.kv_offload import HostKVTier
 from inferengine.worker.pending_step import DeferredSampling, PendingStep, SpecResult
 
@@ -90,6 +91,7 @@ class ModelRunner:
         self._last_hidden: torch.Tensor | None = None
         self.drafter: DraftModelProposer | None = None  # set by the worker for draft_model
         self.host_tier: HostKVTier | None = None  # the CPU tier, set by the worker
+        self.kv_connector: KVConnectorWorker | None = None  # disaggregated prefill/decode
 
     # ---- state -------------------------------------------------------------------------
 
@@ -250,7 +252,7 @@ class ModelRunner:
         if self.host_tier is not None:
             self.host_tier.copy(self.kv_caches, so.kv_offloads, so.kv_loads, so.kv_writebacks)
         if so.is_empty:
-            return PendingStep(ModelRunnerOutput([], []), [], [], None)
+            return PendingStep(self._kv_transfer(ModelRunnerOutput([], []), so), [], [], None)
         self._resolve_if_history_needed(so)
         inputs = self._prepare_inputs(so)
         self._fill_pending_tokens(inputs)
@@ -259,6 +261,7 @@ class ModelRunner:
         )
         states = [self.requests[inputs.req_ids[row]] for row in inputs.sample_rows]
         hidden = self._forward(inputs)
+        self._kv_transfer(output, so)
         if hidden is None:  # an earlier pipeline stage: the last one samples
             self._last, self._last_index = None, {}
             return PendingStep(output, [], [], None)
@@ -276,6 +279,12 @@ class ModelRunner:
             graph_size = inputs.graph_shape.num_tokens if inputs.graph_shape else None
             return DeferredSampling(sample, graph_size)
         return sample(so.grammar_req_ids, so.grammar_bitmask)
+
+    def _kv_transfer(self, output: ModelRunnerOutput, so: SchedulerOutput) -> ModelRunnerOutput:
+        """Disaggregated prefill/decode: this step's fetches and publishes, and what ended."""
+        if self.kv_connector is not None:
+            output.kv_events = self.kv_connector.step(so)
+        return output
 
     @torch.inference_mode()
     def _sample(

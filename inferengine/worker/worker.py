@@ -16,6 +16,7 @@ from inferengine.spec_decode.draft_model import DraftModelProposer
 from inferengine.worker import kv_memory
 from inferengine.worker.cpu_env import configure_threads
 from inferengine.worker.cuda_graphs import default_capture_sizes, default_mixed_sizes
+from inferengine.worker.kv_connector import KVConnectorWorker
 from inferengine.worker.kv_offload import HostKVTier
 from inferengine.worker.model_runner import ModelRunner
 from inferengine.worker.profile_run import profile_run
@@ -104,6 +105,12 @@ class Worker:
         )
         if num_host_blocks:
             self.runner.host_tier = HostKVTier(self.runner.kv_caches, num_host_blocks)
+        if self.config.kv_transfer_config is not None:
+            self.runner.kv_connector = KVConnectorWorker(
+                self.config.kv_transfer_config,
+                self.runner.kv_caches,
+                self.config.cache_config.block_size,
+            )
         if self.runner.drafter is not None:
             self.runner.drafter.kv_caches = kv_memory.allocate_kv_caches(
                 self.config, num_blocks, self.kv_dtype, self.device, self.draft_config

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from inferengine.core.engine_io import KVTierStats, SchedulerStats, SpecDecodingStats
+from inferengine.core.engine_io import (
+    KVTierStats,
+    KVTransferStats,
+    SchedulerStats,
+    SpecDecodingStats,
+)
 from inferengine.metrics.prometheus import (
     FINISH_REASONS,
     ITL_BUCKETS,
@@ -58,6 +63,10 @@ NAMES = {
     "time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
     "request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
     "iteration_tokens_total", "request_prompt_tokens", "request_generation_tokens",
+    # disaggregated prefill/decode
+    "kv_transfer_sent_tokens", "kv_transfer_received_tokens", "kv_transfer_local_prefill_tokens",
+    "kv_transfer_fallback", "kv_transfer_expired_holds", "kv_transfer_held_blocks",
+    "kv_transfer_waiting_requests", "kv_transfer_seconds", "kv_transfer_bytes",
 }  # fmt: skip
 
 
@@ -250,3 +259,22 @@ def test_bucket_helpers():
     assert LATENCY_BUCKETS[0] == 0.3 and LATENCY_BUCKETS[-1] == 7680.0
     for bounds in (TTFT_BUCKETS, ITL_BUCKETS, LATENCY_BUCKETS):
         assert bounds == sorted(set(bounds))
+
+
+def test_kv_transfer_counters_advance_and_each_fetch_is_observed_once():
+    log = logger()
+    first = KVTransferStats(
+        received_tokens=64, fallbacks=1, held_blocks=3, recent=[(1, 0.02, 4096)]
+    )
+    log.update_scheduler_stats(SchedulerStats(kv_transfer=first))
+    later = KVTransferStats(
+        received_tokens=96, fallbacks=1, recent=[(1, 0.02, 4096), (2, 3.0, 2**20)]
+    )
+    log.update_scheduler_stats(SchedulerStats(kv_transfer=later))
+    log.update_scheduler_stats(SchedulerStats(kv_transfer=later))  # a refresh: nothing new
+    assert value(log, "kv_transfer_received_tokens_total") == 96
+    assert value(log, "kv_transfer_fallback_total") == 1
+    assert value(log, "kv_transfer_held_blocks") == 0
+    seconds = buckets(log, "kv_transfer_seconds")
+    assert (seconds["0.025"], seconds["5.0"], seconds["+Inf"]) == (1, 2, 2)
+    assert value(log, "kv_transfer_bytes_sum") == 4096 + 2**20

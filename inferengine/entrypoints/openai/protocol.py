@@ -158,6 +158,8 @@ class SamplingFields(_Model):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None
+    # Disaggregated prefill/decode (`inferengine/kv_transfer/__init__.py` has the contract)
+    kv_transfer_params: dict[str, Any] | None = None
 
     @field_validator("prompt_cache_retention", mode="wrap")
     @classmethod
@@ -264,7 +266,21 @@ class CompletionChoice(_Model):
     stop_reason: int | str | None = None
 
 
-class CompletionResponse(_Model):
+class _KVTransferReply(_Model):
+    """A reply that may carry a producer's `kv_transfer_params` (`inferengine/kv_transfer/`);
+    without them the field is left out, so every other reply reads as before."""
+
+    kv_transfer_params: dict[str, Any] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_no_transfer(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("kv_transfer_params") is None:
+            data.pop("kv_transfer_params", None)
+        return data
+
+
+class CompletionResponse(_KVTransferReply):
     id: str
     object: Literal["text_completion"] = "text_completion"
     created: int = Field(default_factory=_now)
@@ -345,7 +361,7 @@ class ChatChoice(_Model):
     stop_reason: int | str | None = None
 
 
-class ChatCompletionResponse(_Model):
+class ChatCompletionResponse(_KVTransferReply):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=_now)

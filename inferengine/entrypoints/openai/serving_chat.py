@@ -338,6 +338,7 @@ class ServingChat(OpenAIServing):
             model=self.model_name,
             choices=choices,
             usage=make_usage(num_prompt, completion_tokens, final.num_cached_tokens),
+            kv_transfer_params=final.kv_transfer_params,
         )
 
     # ---- streaming -------------------------------------------------------------------------

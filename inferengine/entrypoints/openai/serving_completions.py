@@ -168,6 +168,7 @@ class ServingCompletion(OpenAIServing):
             model=self.model_name,
             choices=choices,
             usage=make_usage(prompt_tokens, completion_tokens, cached),
+            kv_transfer_params=finals[0].kv_transfer_params if finals else None,
         )
 
     def _choice(

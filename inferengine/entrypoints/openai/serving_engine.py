@@ -232,6 +232,7 @@ class OpenAIServing:
                     priority=req.priority,
                     cache_salt=req.cache_salt,
                     retention=retention,
+                    kv_transfer_params=req.kv_transfer_params,
                 )
             )
         return await start_streams(gens)
