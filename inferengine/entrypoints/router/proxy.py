@@ -29,8 +29,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from inferengine.dp.pd_policy import PDPolicy
-from inferengine.entrypoints.openai.errors import error_body, status_response
+from inferengine.entrypoints.openai.errors import status_response
 from inferengine.entrypoints.openai.streaming import SSE_DONE, SSEResponse, unless_disconnected
+from inferengine.entrypoints.router.bodies import (
+    CHAT_TOKENIZE_FIELDS,
+    Broken,
+    decode_body,
+    error_event,
+    max_new_tokens,
+    prefill_body,
+    sse_events,
+    unsupported,
+)
 from inferengine.entrypoints.router.config import RouterServerConfig
 from inferengine.entrypoints.router.metrics import RouterMetrics
 from inferengine.entrypoints.router.upstreams import Engine, Upstreams
@@ -39,60 +49,8 @@ from inferengine.logger import init_logger
 
 logger = init_logger(__name__)
 
-CHAT_TOKENIZE_FIELDS = (
-    "model",
-    "messages",
-    "tools",
-    "add_generation_prompt",
-    "continue_final_message",
-    "chat_template",
-    "chat_template_kwargs",
-)
 _FAILED, _REFUSED, _NO_PARAMS = "failed", "refused", "no_kv_params"
 _DONE = SSE_DONE.encode()
-
-
-class _Broken(Exception):
-    """A stream from a decode engine ended in the middle, or before its first event."""
-
-
-def unsupported(body: dict[str, Any], chat: bool) -> str | None:
-    """Why a request cannot be split into prefill and decode (None: it can)."""
-    if body.get("n") not in (None, 1) or body.get("best_of") not in (None, 1):
-        return "n > 1"
-    if chat:
-        return None
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) and len(prompt) > 1:
-        return "several prompts"
-    if body.get("echo") and body.get("logprobs") is not None:
-        return "echo with logprobs (prompt logprobs are computed where the prompt is)"
-    return None
-
-
-def prefill_body(body: dict[str, Any], chat: bool) -> dict[str, Any]:
-    """What the prefill engine gets: the prompt, one token to generate, no stream."""
-    out = {k: v for k, v in body.items() if k not in ("stream_options", "min_tokens")}
-    out.update(max_tokens=1, stream=False, kv_transfer_params={"do_remote_decode": True})
-    if chat and "max_completion_tokens" in body:
-        out["max_completion_tokens"] = 1
-    if "n" in body:
-        out["n"] = 1
-    return out
-
-
-def decode_body(body: dict[str, Any], params: dict[str, Any] | None) -> dict[str, Any]:
-    return {**body, "kv_transfer_params": params} if params is not None else body
-
-
-def _max_new_tokens(body: dict[str, Any]) -> int:
-    value = body.get("max_completion_tokens") or body.get("max_tokens")
-    return value if isinstance(value, int) and value > 0 else 0
-
-
-def _error_event(message: str) -> bytes:
-    body = error_body(message, "upstream_error", 502)
-    return f"data: {json.dumps(body)}\n\n".encode()
 
 
 class Proxy:
@@ -133,7 +91,7 @@ class Proxy:
         else:
             ids = await self._prompt_ids(body, chat, headers)
             params = await self._prefill(rid, path, body, chat, ids, headers)
-        num_tokens = (len(ids) if ids else 0) + _max_new_tokens(body)
+        num_tokens = (len(ids) if ids else 0) + max_new_tokens(body)
         if body.get("stream"):
             return await self._open_stream(rid, path, body, params, num_tokens, headers)
         return await self._complete(rid, path, body, params, num_tokens, headers)
@@ -342,15 +300,15 @@ class Proxy:
                         self._drop_handle(rid, params)
                         params = None
                     continue
-                events = _events(resp)
+                events = sse_events(resp)
                 first = await anext(events)
                 if first.startswith(b'data: {"error"') and params is not None:
-                    raise _Broken(f"its first event is an error: {excerpt(first.decode())}")
+                    raise Broken(f"its first event is an error: {excerpt(first.decode())}")
             except aiohttp.ClientConnectorError as e:
                 self.policy.finish_decode(rid, served=False)
                 self._failed(engine, e)
                 continue
-            except (TimeoutError, aiohttp.ClientError, _Broken, StopAsyncIteration) as e:
+            except (TimeoutError, aiohttp.ClientError, Broken, StopAsyncIteration) as e:
                 self.policy.finish_decode(rid, served=False)
                 if resp is not None:
                     resp.close()
@@ -383,11 +341,11 @@ class Proxy:
                 last = event
             ended = last == _DONE
             if not ended:
-                raise _Broken("the stream ended without [DONE]")
-        except (TimeoutError, aiohttp.ClientError, _Broken) as e:
+                raise Broken("the stream ended without [DONE]")
+        except (TimeoutError, aiohttp.ClientError, Broken) as e:
             self._failed(engine, e)
             self.metrics.errors.labels("stream_broken").inc()
-            yield _error_event(f"the decode engine's stream broke off: {excerpt(repr(e))}")
+            yield error_event(f"the decode engine's stream broke off: {excerpt(repr(e))}")
             yield _DONE
         finally:
             await events.aclose()
@@ -396,16 +354,3 @@ class Proxy:
             else:
                 resp.close()  # the engine sees its client leave and aborts the request
             self.policy.finish_decode(rid, served=ended)
-
-
-async def _events(resp: aiohttp.ClientResponse) -> AsyncGenerator[bytes, None]:
-    """The SSE events of a response, each whole (`...\\n\\n`); `_Broken` if it ends inside
-    one."""
-    buffer = b""
-    async for chunk in resp.content.iter_any():
-        buffer += chunk
-        while (end := buffer.find(b"\n\n")) >= 0:
-            yield buffer[: end + 2]
-            buffer = buffer[end + 2 :]
-    if buffer.strip():
-        raise _Broken("the stream ended inside an event")

@@ -84,6 +84,7 @@ class Upstreams:
     def _set(self, engine: Engine, up: bool) -> None:
         if up and not engine.up and engine.role == PREFILL:
             engine.events_epoch = None  # its index restarts empty: read a snapshot
+            engine.has_events = True  # perhaps another version of the engine: ask again
         engine.up = up
         if engine.role == PREFILL:
             self.policy.set_prefill_up(engine.index, up)
@@ -135,12 +136,14 @@ class Upstreams:
                 headers=self.auth_headers(None),
                 timeout=aiohttp.ClientTimeout(total=_POLL_TIMEOUT_S),
             ) as resp:
-                if resp.status in (404, 501):
+                if resp.status in (401, 404, 501):
                     engine.has_events = False
                     logger.warning(
-                        "prefill engine %s serves no KV events (%d): it is picked by load only",
+                        "prefill engine %s serves no KV events (HTTP %d%s): it is picked by "
+                        "load only",
                         engine.url,
                         resp.status,
+                        "; give the router its --api-key" if resp.status == 401 else "",
                     )
                     return
                 if resp.status != 200:
