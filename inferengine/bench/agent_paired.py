@@ -42,7 +42,9 @@ from inferengine.bench.datasets import load_tokenizer
 from inferengine.bench.environment import environment_text, git_revision
 from inferengine.bench.gates import Gate, evaluate_gate, metric_value, ratio
 from inferengine.bench.gpu_trace import describe_gpus
-from inferengine.bench.paired import SERVER_STATS, default_out_dir, round_order
+from inferengine.bench.host import child_env
+from inferengine.bench.paired import default_out_dir, round_order
+from inferengine.bench.paired_launch import SERVER_STATS
 from inferengine.bench.runner import jsonable
 from inferengine.bench.summary import spread
 from inferengine.bench.systems import ServerProcess, SystemSpec, bind_port, wait_until_healthy
@@ -193,7 +195,7 @@ def run_system(
     try:
         if command:
             print(f"[r{k} {spec.name}] starting: {command}")
-            server = ServerProcess(command, log_path)
+            server = ServerProcess(command, log_path, child_env(vllm=spec.preset == "vllm"))
         ready_s = wait_until_healthy(base_url, cfg.health_timeout_s, server)
         if server is not None:
             run["ready_s"] = ready_s

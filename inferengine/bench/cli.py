@@ -242,13 +242,33 @@ def add_paired_args(parser: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--our-client", action="store_true", help="also run our client after vLLM's judge"
     )
+    w.add_argument(
+        "--alone",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also run system NAME alone, as a user would (NAME-alone in the rotation; e.g. "
+        "vllm: `vllm serve`, then `vllm bench serve`), for its figure beside the harness's",
+    )
+    w.add_argument(
+        "--launch-warmup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="48 short requests through the judge after each /health, before the workloads",
+    )
+    w.add_argument(
+        "--gpu-trace",
+        action="store_true",
+        help="sample the GPU through NVML beside the judge (busy_pct); it shares the host's "
+        "CPUs with the systems, so its figures are marked traced: use it in a separate run",
+    )
     w.add_argument("--revision", help="the code revision measured (default: git here)")
     add_workload_args(parser)
     r = parser.add_argument_group("result folder")
     r.add_argument("--out-dir", type=Path, help="default benchmarks/results/<UTC stamp>-<name>")
     r.add_argument("--name", default="paired", help="the folder's name after the stamp")
     r.add_argument("--gate", action="append", default=[], metavar="EXPR")
-    r.add_argument("--gpu-interval", type=float, default=0.2, help="GPU sampling period (s)")
+    r.add_argument("--gpu-interval", type=float, default=0.2, help="--gpu-trace's period (s)")
 
 
 def serve_handler(args: argparse.Namespace) -> int:
@@ -278,6 +298,9 @@ def paired_handler(args: argparse.Namespace) -> int:
         **_run_fields(args, tokenizer),
         judge=judge,
         our_client=args.our_client,
+        alone=args.alone,
+        launch_warmup=args.launch_warmup,
+        gpu_trace=args.gpu_trace,
         gpu_interval_s=args.gpu_interval,
         vllm_python=args.vllm_python,
         vllm_pythonpath=args.vllm_pythonpath,

@@ -110,6 +110,7 @@ def format_summary(summary: Mapping) -> str:
         if floor and floor.get("floor_ms"):
             over = ", ".join(f"{s} {v:.3f}x" for s, v in floor["tpot_over_floor"].items() if v)
             lines.append(f"bandwidth floor {floor['floor_ms']:.3f} ms/token; median TPOT: {over}")
+        lines += _alone_and_mfu_lines(w)
         for v in w["gates"]:
             value = "n/a" if v["value"] is None else f"{v['value']:.4g}"
             why = f" ({v['error']})" if v["error"] else ""
@@ -132,3 +133,24 @@ def _span(s: Mapping) -> str:
 
 def _cell(s: Mapping) -> str:
     return f"{_span(s):>28}"
+
+
+def _alone_and_mfu_lines(w: Mapping) -> list[str]:
+    """A system measured alone beside its harness figure; the prefill MFU per system."""
+    lines = []
+    for of, ratios in (w.get("harness_vs_alone") or {}).items():
+        alone = w["alone"][f"{of}-alone"]["spread"]
+        cells = ", ".join(
+            f"{m} {_span(alone[m])} (harness/alone {r:.3f})"
+            for m, r in ratios.items()
+            if r is not None
+        )
+        lines.append(f"{of} alone: {cells or '-'}")
+    mfu = w.get("mfu") or {}
+    if mfu.get("peak_bf16_matmul_tflops_per_gpu"):
+        cells = ", ".join(
+            f"{name} {_span(v['mfu_pct'])}" for name, v in mfu.items() if isinstance(v, dict)
+        )
+        peak = mfu["peak_bf16_matmul_tflops_per_gpu"]
+        lines.append(f"MFU, % of the measured bf16 matmul peak of {peak:.0f} TFLOP/s: {cells}")
+    return lines

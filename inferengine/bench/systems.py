@@ -47,6 +47,7 @@ class SystemSpec:
     extra_body: dict = field(default_factory=dict)  # merged into every request
     send_ignore_eos: bool = True  # False for servers that reject the field
     preset: str | None = None
+    mode: str = "paired"  # paired, alone (as a user runs it) or traced (`bench paired` sets it)
 
 
 def preset_spec(
@@ -142,11 +143,12 @@ def bind_port(spec: SystemSpec) -> tuple[str | None, str]:
 class ServerProcess:
     """A server command in its own process group, its output going to a log file."""
 
-    def __init__(self, command: str, log_path: Path) -> None:
+    def __init__(self, command: str, log_path: Path, env: dict[str, str] | None = None) -> None:
         self.command = command
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 (open for the server's lifetime)
         self.launched_at = time.perf_counter()
+        self.killed: list[int] = []  # processes still alive `timeout_s` after SIGTERM
         self.proc = subprocess.Popen(
             command,
             shell=True,
@@ -154,21 +156,29 @@ class ServerProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=env,
         )
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM to the whole group, SIGKILL to whatever is left after `timeout_s`."""
-        pgid = self.proc.pid  # the group leader, thanks to start_new_session
-        _signal_group(pgid, signal.SIGTERM)
+        """SIGTERM to the server's group, then wait for its whole session: a process that left
+        the group (our engine core does, so that a terminal's Ctrl-C reaches only the API
+        process) is still the server's and must be gone, its CPU and GPU memory free, before
+        the next system starts. SIGKILL to whatever is left after `timeout_s`."""
+        sid = self.proc.pid  # the session leader, thanks to start_new_session
+        _signal_group(sid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and _group_alive(pgid, self.proc):
+        while time.monotonic() < deadline and _session_alive(sid, self.proc):
             time.sleep(0.1)
-        if _group_alive(pgid, self.proc):
-            _signal_group(pgid, signal.SIGKILL)
-            # SIGKILL lands asynchronously: wait until the group is really gone (its GPU
+        if _session_alive(sid, self.proc):
+            self.killed = _session_pids(sid) or [sid]
+            _signal_group(sid, signal.SIGKILL)
+            for pid in self.killed:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            # SIGKILL lands asynchronously: wait until the session is really gone (its GPU
             # memory free for the next system), not just signalled.
             deadline = time.monotonic() + KILL_WAIT_S
-            while time.monotonic() < deadline and _group_alive(pgid, self.proc):
+            while time.monotonic() < deadline and _session_alive(sid, self.proc):
                 time.sleep(0.02)
         self.proc.wait()
         self._log.close()
@@ -179,24 +189,30 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def _group_alive(pgid: int, proc: subprocess.Popen) -> bool:
-    """Whether any process of the group still runs (zombies that no one reaps do not count)."""
-    proc.poll()  # reap the leader so that it does not linger as a zombie
-    proc_dir = Path("/proc")
-    if not proc_dir.is_dir():  # not Linux: ask the kernel, zombies included
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    for stat in proc_dir.glob("[0-9]*/stat"):
+def _session_pids(sid: int) -> list[int]:
+    """The live processes of session `sid` (zombies that no one reaps do not count); [] where
+    there is no /proc."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue  # gone meanwhile
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def _session_alive(sid: int, proc: subprocess.Popen) -> bool:
+    """Whether any process of the server's session still runs."""
+    proc.poll()  # reap the leader so that it does not linger as a zombie
+    if not Path("/proc").is_dir():  # not Linux: ask the kernel about the group, zombies included
+        try:
+            os.killpg(sid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return bool(_session_pids(sid))
 
 
 def health_ok(base_url: str, timeout_s: float = 2.0) -> bool:

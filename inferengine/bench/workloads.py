@@ -5,7 +5,10 @@ for every system) and asks for exactly the output length (`ignore_eos`); `ground
 input-grounded chat prompts of benchmarks/data/grounded-smollm2.jsonl (quote, edit or
 summarise a given text; SmolLM2's chat format) and lets the model stop at its end of turn. All
 run at temperature 0 and warm each server up with the same requests before it is measured.
-`long-prompt` needs a server started with `--max-model-len 8192` or more; the others fit 2048.
+`long-prompt` needs a server started with `--max-model-len 8192` or more, `rag` 4096 (2,560
+prompt + 160 output tokens at most), `prefill-only` and `batch1-8k` 8448 (8,192 prompt tokens
+and their outputs); the others fit 2048. `prefill-only` asks for one token, so its throughput
+is prefill alone: `mfu.py` turns it into a share of the GPU's measured bf16 matmul peak.
 The `json-*` workloads sample at temperature 1.0 (greedy decoding of random weights tends to
 repeat one allowed token); `json-c16`/`json-c64` send requests drawn like those of
 `json-c16-plain`/`json-c64-plain`, with a JSON schema on each (vLLM's `structured_outputs` field,
@@ -125,6 +128,19 @@ _DEFINITIONS: dict[str, tuple[str, WorkloadConfig]] = {
     "long-prompt": _random(
         "48 prompts, in 6144, out 128, concurrency 8 (server --max-model-len 8192)",
         input_len=6144, output_len=128, num_prompts=48, concurrency=8, warmups=4,
+    ),
+    "rag": _random(
+        "192 prompts, in 2048 ±25%, out 128 ±25%, concurrency 32 (server --max-model-len 4096+)",
+        input_len=2048, output_len=128, range_ratio=0.25, num_prompts=192, concurrency=32,
+        warmups=16,
+    ),
+    "prefill-only": _random(
+        "128 prompts, in 8192, out 1, concurrency 16 (server --max-model-len 8448)",
+        input_len=8192, output_len=1, num_prompts=128, concurrency=16, warmups=16,
+    ),
+    "batch1-8k": _random(
+        "8 prompts, in 8192, out 16, one at a time: median TTFT (server --max-model-len 8448)",
+        input_len=8192, output_len=16, num_prompts=8, concurrency=1, warmups=2,
     ),
     "c128": _random(
         "384 prompts, in 512, out 256, concurrency 128",

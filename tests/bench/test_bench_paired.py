@@ -67,7 +67,9 @@ def test_rounds_alternate_and_every_run_is_kept(paired_run):
     for x in launches:
         assert x["error"] is None and x["ready_s"] > 0
         assert not health_ok(x["base_url"])  # stopped
-        assert x["gpu"]["available"] is False
+        assert x["gpu"] == {"traced": False}  # no sampler beside the judge
+        assert x["mode"] == "paired" and x["warmup"]["completed"] == 48  # the launch warm-up
+        assert x["killed_after_sigterm"] == []
     assert min(x["ready_s"] for x in launches if x["system"] == "A") >= 0.6
     w = summary["workloads"]["custom"]
     for name in "AB":
@@ -164,7 +166,7 @@ def test_vllm_judge_with_our_client_beside(fake_server, tokenizer_dir, tmp_path)
     )  # fmt: skip
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["judge"] == "vllm bench serve" and summary["our_client_beside"]
+    assert summary["judge"] == "vllm bench serve" and summary["our_client_after_judge"]
     run = summary["workloads"]["custom"]["systems"]["S"]["runs"][0]
     assert run["metrics"]["completed"] == 12 and run["our_client"]["completed"] == 12
     assert "--num-warmups 3" in run["judge_command"] and "--save-detailed" in run["judge_command"]
@@ -175,6 +177,54 @@ def test_vllm_judge_with_our_client_beside(fake_server, tokenizer_dir, tmp_path)
     argv = (out / "runs/custom/argv.txt").read_text()
     assert "--ignore-eos" in argv and "--max-concurrency 4" in argv
     assert "--model fake-model" in argv  # named, so that vLLM's client aligns its prompts
+    # The launch warm-up went through the judge first, with prompts of no workload.
+    warmup = summary["launches"][0]["warmup"]
+    assert warmup["completed"] == 48 and "--seed 4242 " in warmup["judge_command"]
+    assert not (out / "runs/launch-warmup").exists()  # nothing of it kept but the record
+
+
+def test_vllm_alone_beside_the_harness_figure(tokenizer_dir, tmp_path):
+    """--alone B runs B again as B-alone in the same rotation, judged with the same commands
+    and nothing else (no /metrics reads, no our client); the summary sets its figures beside
+    B's and says which mode each came from."""
+    a = fake_command(token_delay_ms=1)
+    b = fake_command(token_delay_ms=4, spec_counters=1)
+    out = tmp_path / "alone"
+    code = paired(
+        out, [f"A={a}", f"B={b}"], tokenizer_dir, *WORKLOAD, "--repeats", "3", "--judge", "ours",
+        "--alone", "B", "--no-launch-warmup",
+    )  # fmt: skip
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["systems"] == ["A", "B"] and summary["alone_systems"] == ["B-alone"]
+    assert summary["modes"] == {"A": "paired", "B": "paired", "B-alone": "alone"}
+    # Three systems rotate: each is first, second and third once.
+    assert summary["rounds"] == {
+        "0": ["A", "B", "B-alone"], "1": ["B", "B-alone", "A"], "2": ["B-alone", "A", "B"]
+    }  # fmt: skip
+    alone = [x for x in summary["launches"] if x["system"] == "B-alone"]
+    b_launch = next(x for x in summary["launches"] if x["system"] == "B")
+    assert (
+        len(alone) == 3
+        and alone[0]["command"].split("--port")[0] == (b_launch["command"].split("--port")[0])
+    )
+    assert all(x["mode"] == "alone" and "warmup" not in x for x in alone)
+    w = summary["workloads"]["custom"]
+    runs = w["alone"]["B-alone"]["runs"]
+    assert len(runs) == 3 and all(r["mode"] == "alone" and "speculation" not in r for r in runs)
+    assert all(r["speculation"] is not None for r in w["systems"]["B"]["runs"])
+    med = w["alone"]["B-alone"]["spread"]["output_throughput"]["median"]
+    paired_med = w["systems"]["B"]["spread"]["output_throughput"]["median"]
+    assert w["harness_vs_alone"]["B"]["output_throughput"] == pytest.approx(paired_med / med)
+    assert w["ratio_of"] == "A/B" and "B-alone" not in w["systems"]
+
+
+def test_alone_needs_a_system_the_harness_starts(tokenizer_dir, capsys):
+    code = main(
+        ["bench", "paired", "--system", "A=url:http://127.0.0.1:9", "--tokenizer",
+         str(tokenizer_dir), "--judge", "ours", "--alone", "A"]
+    )  # fmt: skip
+    assert code != 0 and "--alone A" in capsys.readouterr().err
 
 
 def test_start_repeat_continues_the_order(fake_server, tokenizer_dir, tmp_path):
@@ -231,3 +281,18 @@ def test_vllm_judge_missing_is_refused(tokenizer_dir, tmp_path, capsys):
          str(tokenizer_dir), "--judge", "vllm", "--vllm-pythonpath", str(tmp_path)]
     )  # fmt: skip
     assert code != 0 and "--judge ours" in capsys.readouterr().err
+
+
+def test_gpu_trace_is_opt_in_and_marks_the_run_traced(fake_server, tokenizer_dir, tmp_path):
+    server = fake_server(token_delay_ms=0)
+    out = tmp_path / "traced"
+    code = paired(
+        out, [f"S=url:{server.base_url}"], tokenizer_dir, *WORKLOAD, "--judge", "ours",
+        "--repeats", "1", "--gpu-trace", "--no-launch-warmup",
+    )  # fmt: skip
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["gpu_trace"] is True and summary["modes"] == {"S": "traced"}
+    (launch,) = summary["launches"]
+    assert launch["gpu"]["traced"] is True and launch["gpu"]["available"] is False  # no NVML
+    assert summary["workloads"]["custom"]["systems"]["S"]["runs"][0]["mode"] == "traced"

@@ -87,9 +87,31 @@ def test_stop_kills_the_whole_group_even_if_sigterm_is_ignored(tmp_path):
     start = time.perf_counter()
     server.stop(timeout_s=0.5)
     assert time.perf_counter() - start < 5
-    assert not systems._group_alive(server.proc.pid, server.proc)
+    assert not systems._session_alive(server.proc.pid, server.proc)
+    assert server.killed  # it needed SIGKILL
     with pytest.raises(ProcessLookupError):
         os.kill(server.proc.pid, 0)  # the leader is gone and reaped
+
+
+def test_stop_waits_for_a_child_that_left_the_group(tmp_path):
+    # Our engine core calls os.setpgrp() and exits a while after the API process: the next
+    # system must not start beside it (its CPU and GPU memory still taken).
+    core = (
+        "import os, signal, sys, time; os.setpgrp(); signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
+    )
+    pid_file = tmp_path / "core.pid"
+    command = f"{shlex.quote(sys.executable)} -c {shlex.quote(core)} {pid_file} & sleep 60"
+    server = ServerProcess(command, tmp_path / "s.log")
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    core_pid = int(pid_file.read_text())
+    assert os.getpgid(core_pid) == core_pid != server.proc.pid  # out of the server's group
+    server.stop(timeout_s=0.5)
+    assert core_pid in server.killed
+    assert systems._session_pids(server.proc.pid) == []  # gone (or a zombie for init to reap)
 
 
 def test_trim_log(tmp_path):
