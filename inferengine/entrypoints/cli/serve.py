@@ -39,6 +39,8 @@ _SERVER_HELP = {
     "tool_call_parser": "how to find tool calls in the model's text for tool_choice auto",
     "exclude_tools_when_tool_choice_none": 'leave tools out of the prompt with tool_choice "none"',
     "reasoning_parser": "split the model's <think> block into reasoning_content",
+    "disable_web_ui": "no web page at / (a chat playground and a live view of the engine; it "
+    "loads without the API key, then asks for it)",
 }
 
 
@@ -144,6 +146,7 @@ def print_banner(state: Any, config: ServerConfig) -> None:
             else []
         ),
         f"  URL         {url}/v1  (health {url}/health, metrics {url}/metrics)",
+        *([] if config.disable_web_ui else [f"  web page    {url}/  (chat, live engine view)"]),
     ]
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()

@@ -44,6 +44,7 @@ from inferengine.entrypoints.openai.serving_engine import (
     unknown_fields,
 )
 from inferengine.entrypoints.openai.serving_tokens import ServingTokens
+from inferengine.entrypoints.web import mount_web_ui
 from inferengine.errors import EngineDeadError
 from inferengine.logger import init_logger
 from inferengine.metrics.prometheus import PrometheusStatLogger
@@ -362,6 +363,8 @@ def build_app(engine_config: EngineConfig, config: ServerConfig | None = None) -
     app = FastAPI(title="InferEngine", lifespan=lifespan)
     app.state.server = state
     app.include_router(router)
+    if not state.config.disable_web_ui:
+        mount_web_ui(app)
     app.add_middleware(GateMiddleware, state=state)
     install_error_handlers(app)
     return app

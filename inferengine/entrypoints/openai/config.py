@@ -37,6 +37,8 @@ class ServerConfig:
     tool_call_parser: str | None = None
     exclude_tools_when_tool_choice_none: bool = False
     reasoning_parser: str | None = None
+    # The web page at / (`entrypoints/web/`): a chat playground and a live engine view.
+    disable_web_ui: bool = False
 
     @property
     def access_log(self) -> bool:

@@ -22,6 +22,7 @@ from inferengine.entrypoints.openai.errors import (
 )
 from inferengine.entrypoints.openai.streaming import SSE_DONE
 from inferengine.entrypoints.openai.text_check import body_problem
+from inferengine.entrypoints.web import is_page_path
 
 # Paths any client may call, even without the API key and while draining.
 OPEN_PATHS = frozenset({"/health", "/metrics", "/version", "/docs", "/redoc", "/openapi.json"})
@@ -49,7 +50,7 @@ class GateMiddleware:
         self._key = state.api_key.encode() if state.api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or _page_file(scope):
             await self.app(scope, receive, send)
             return
         state = self.state
@@ -140,6 +141,12 @@ class GateMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+def _page_file(scope: Scope) -> bool:
+    """A GET of the web page's own files: they load without the key (every API call the page
+    makes then needs it)."""
+    return scope["method"] in ("GET", "HEAD") and is_page_path(scope["path"])
 
 
 async def _discard(receive: Receive, size: int) -> None:
