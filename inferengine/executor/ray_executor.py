@@ -92,14 +92,13 @@ class RayExecutor(RankExecutor):
         where = self.places[rank]
         actor = f"rank {rank}'s Ray actor (pid {where['pid']}, node {where['node_ip']})"
         try:
-            self.ray.get(ref)
-        except self.ray.exceptions.RayActorError as e:
-            # An actor that failed said why, then exited with code 1; any other death (a
-            # signal, a lost node) could not.
-            said_why = "exit code 1" in str(e) or "exit_code: 1" in str(e)
-            return RankExit(f"{actor} died: {_first_line(e)}", said_why)
+            code = self.ray.get(ref)
+        except self.ray.exceptions.RayActorError as e:  # killed, crashed, its node lost
+            return RankExit(f"{actor} died: {_first_line(e)}", said_why=False)
         except Exception as e:
             return RankExit(f"{actor} failed: {_first_line(e)}", said_why=False)
+        if code:  # it failed, and sent its error first
+            return RankExit(f"{actor} failed", said_why=True)
         return RankExit(f"{actor} stopped", said_why=True)
 
     def _exit_of(self, rank: int) -> RankExit | None:

@@ -45,11 +45,9 @@ class RayRankWorker:
         place: RankPlace,
         visible_gpus: list[str] | None,
     ) -> int:
-        """Serve as rank `rank` until the executor says stop (returns 0). A rank that fails has
-        reported why and exits (its torch.distributed world is broken): Ray sees the actor die."""
+        """Serve as rank `rank` until the executor says stop (returns 0), or fail: report why and
+        return 1, so that the executor tells a failed rank from a dead one (Ray reports an exit
+        and a kill alike); the executor then ends every rank (their world is broken)."""
         if visible_gpus:
             envs.set_visible_gpus(visible_gpus)
-        code = serve_rank(config, rank, init_method, cmd_addr, reply_addr, answers_steps, place)
-        if code:
-            os._exit(code)
-        return code
+        return serve_rank(config, rank, init_method, cmd_addr, reply_addr, answers_steps, place)

@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -95,6 +96,37 @@ def test_a_cluster_without_the_cpus_is_refused_at_once(cluster, qwen3):
         )
 
 
+def test_a_checkpoint_mistake_in_a_rank_keeps_its_error_class(cluster, qwen3, tmp_path):
+    """A rank that cannot load its weights reports the loader's own error, and the ranks and
+    their placement group go back to the cluster."""
+    from safetensors.torch import load_file, save_file
+
+    from inferengine.errors import ModelLoadError
+
+    for f in Path(qwen3).iterdir():
+        if f.suffix != ".safetensors":
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(str(Path(qwen3) / "model.safetensors"))
+    del tensors["model.norm.weight"]
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"the checkpoint lacks 1 tensors .*model\.norm"):
+        LLM(
+            str(tmp_path),
+            tensor_parallel_size=2,
+            distributed_executor_backend="ray",
+            ray_address=cluster.address,
+            max_model_len=128,
+        )
+    _wait_for_free_cpus(2)
+
+
+def _wait_for_free_cpus(n: int) -> None:
+    deadline = time.monotonic() + 10
+    while ray.available_resources().get("CPU", 0) < n and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == n
+
+
 def test_killing_a_rank_fails_the_engine_within_5_s(cluster, qwen3):
     llm = LLM(
         qwen3,
@@ -120,7 +152,4 @@ def test_killing_a_rank_fails_the_engine_within_5_s(cluster, qwen3):
     with pytest.raises(EngineDeadError):
         llm.generate([{"prompt_token_ids": [5]}], params, use_tqdm=False)
     llm.llm_engine.core.shutdown()
-    deadline = time.monotonic() + 10  # the placement group goes back to the cluster
-    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ray.available_resources().get("CPU", 0) == 2
+    _wait_for_free_cpus(2)  # the placement group went back to the cluster
