@@ -21,6 +21,7 @@ GIB = 1 << 30
 class RankPlace:
     node: str  # the host name (worker processes) or the Ray node id (Ray actors)
     device_index: int  # the CUDA device this rank drives (ignored on the CPU)
+    address: str = ""  # the node's IP where ranks span nodes (Ray), for the log
 
 
 # ---- in the rank -----------------------------------------------------------------------------
@@ -63,6 +64,7 @@ def ready_info(worker: Any, place: RankPlace) -> dict[str, Any]:
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "node": place.node,
+        "address": place.address,
         "device": device_label(worker.device),
         "links": peer_links(place.node, worker.device),
         "weights_bytes": weights,
@@ -111,11 +113,8 @@ def log_ranks(infos: dict[int, dict[str, Any]]) -> None:
     """Each rank's place, weights and attention, the links between ranks, and the all-reduce
     of each message size."""
     for rank, info in sorted(infos.items()):
-        node = (
-            info["node"]
-            if info["node"] == info["host"]
-            else f"{info['node'][:12]} ({info['host']})"
-        )
+        where = ", ".join(filter(None, [info["host"], info.get("address")]))
+        node = info["node"] if info["node"] == info["host"] else f"{info['node'][:12]} ({where})"
         logger.info(
             "rank %d: node %s, pid %d, %s; weights %s, attention %s",
             rank,

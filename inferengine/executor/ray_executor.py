@@ -65,7 +65,7 @@ class RayExecutor(RankExecutor):
         for rank, (actor, where) in enumerate(zip(self.actors, self.places, strict=True)):
             visible = gpus.get(where["node_id"])
             index = visible.index(where["gpu_ids"][0]) if visible else 0
-            place = RankPlace(where["node_id"], index)
+            place = RankPlace(where["node_id"], index, where["node_ip"])
             answers = rank == self.output_rank
             run = actor.run.remote(
                 config, rank, init_method, cmd_addrs[rank], reply_addr, answers, place, visible
