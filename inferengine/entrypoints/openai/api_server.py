@@ -19,6 +19,8 @@ from pydantic import BaseModel
 
 from inferengine.config import EngineConfig
 from inferengine.engine.async_llm import AsyncLLM
+from inferengine.entrypoints.anthropic.errors import AnthropicErrors
+from inferengine.entrypoints.anthropic.routes import router as anthropic_router
 from inferengine.entrypoints.openai.config import ServerConfig
 from inferengine.entrypoints.openai.errors import (
     ServiceUnavailableError,
@@ -365,7 +367,9 @@ def build_app(engine_config: EngineConfig, config: ServerConfig | None = None) -
     app.include_router(router)
     if not state.config.disable_web_ui:
         mount_web_ui(app)
+    app.include_router(anthropic_router)
     app.add_middleware(GateMiddleware, state=state)
+    app.add_middleware(AnthropicErrors)  # outermost: reshapes the gate's errors too
     install_error_handlers(app)
     return app
 

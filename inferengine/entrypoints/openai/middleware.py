@@ -56,7 +56,9 @@ class GateMiddleware:
         state = self.state
         if self._key is not None and not self._authorized(scope):
             response = status_response(
-                401, "Invalid or missing API key; send `Authorization: Bearer <key>`."
+                401,
+                "Invalid or missing API key; send `Authorization: Bearer <key>` (or, as "
+                "Anthropic's clients do, `x-api-key: <key>`).",
             )
             await response(scope, receive, send)
             return
@@ -118,6 +120,8 @@ class GateMiddleware:
                 scheme, _, token = value.partition(b" ")
                 if scheme.lower() == b"bearer":
                     return hmac.compare_digest(token.strip(), self._key)
+            if name == b"x-api-key":  # Anthropic's header
+                return hmac.compare_digest(value.strip(), self._key)
         return False
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
