@@ -285,7 +285,7 @@ def _transfer_stats(stats: KVTransferStats | None) -> dict | None:
     """Disaggregated prefill/decode so far (`kv_transfer/`), without the histograms' feed."""
     if stats is None:
         return None
-    return {k: v for k, v in msgspec.to_builtins(stats).items() if k != "recent"}
+    return {name: getattr(stats, name) for name in stats.__struct_fields__ if name != "recent"}
 
 
 def _spec_stats(spec: SpecDecodingStats | None) -> dict | None:

@@ -44,6 +44,10 @@ class KVConnectorWorker:
             if isinstance(expires_at, int | float):
                 deadline = min(deadline, now + expires_at - wall - EXPIRY_MARGIN_S)
             self.pending[fetch.req_id] = (now, deadline, len(fetch.block_ids) * self.page_bytes)
+            if deadline <= now:  # the producer frees the pages before a copy could be trusted
+                logger.warning("KV transfer %s: the producer's hold ends too soon", fetch.req_id)
+                self.failed.append(fetch.req_id)
+                continue
             try:
                 self.transport.start_fetch(fetch)
             except Exception as e:
