@@ -130,13 +130,13 @@ _DEFINITIONS: dict[str, tuple[str, WorkloadConfig]] = {
         input_len=6144, output_len=128, num_prompts=48, concurrency=8, warmups=4,
     ),
     "rag": _random(
-        "192 prompts, in 2048 ±25%, out 128 ±25%, concurrency 32 (server --max-model-len 4096+)",
-        input_len=2048, output_len=128, range_ratio=0.25, num_prompts=192, concurrency=32,
+        "128 prompts, in 2048 ±25%, out 128 ±25%, concurrency 32 (server --max-model-len 4096+)",
+        input_len=2048, output_len=128, range_ratio=0.25, num_prompts=128, concurrency=32,
         warmups=16,
     ),
     "prefill-only": _random(
-        "128 prompts, in 8192, out 1, concurrency 16 (server --max-model-len 8448)",
-        input_len=8192, output_len=1, num_prompts=128, concurrency=16, warmups=16,
+        "64 prompts, in 8192, out 1, concurrency 16 (server --max-model-len 8448)",
+        input_len=8192, output_len=1, num_prompts=64, concurrency=16, warmups=16,
     ),
     "batch1-8k": _random(
         "8 prompts, in 8192, out 16, one at a time: median TTFT (server --max-model-len 8448)",

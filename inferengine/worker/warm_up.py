@@ -141,7 +141,7 @@ def warm_up(runner: ModelRunner) -> list[str]:
     rng = np.random.default_rng(0)
     finished: set[str] = set()
     for i, step in enumerate(plan):
-        so = _scheduler_output(runner, step, i, rng)
+        so = synthetic_step(runner, step, i, rng)
         so.finished_req_ids = finished
         runner.execute_model(so)
         finished = set(so.num_scheduled_tokens)
@@ -163,10 +163,10 @@ def warm_up(runner: ModelRunner) -> list[str]:
     return labels
 
 
-def _scheduler_output(
+def synthetic_step(
     runner: ModelRunner, step: WarmStep, index: int, rng: np.random.Generator
 ) -> SchedulerOutput:
-    """One synthetic step: new requests whose every page is the null page."""
+    """A step of new requests whose every page is the null page (the warm-up's, a profile's)."""
     new, scheduled = [], {}
     for j, r in enumerate(step.requests):
         req_id = f"warm-up-{index}-{j}"

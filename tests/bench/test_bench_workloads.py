@@ -38,7 +38,7 @@ def test_long_workloads_as_vllm_flags(name):
 
 
 def test_rag_and_prefill_only_descriptions():
-    assert WORKLOADS["rag"].description.startswith("192 prompts, in 2048 ±25%, out 128 ±25%")
+    assert WORKLOADS["rag"].description.startswith("128 prompts, in 2048 ±25%, out 128 ±25%")
     assert "out 1," in WORKLOADS["prefill-only"].description
     assert "median TTFT" in WORKLOADS["batch1-8k"].description
 
