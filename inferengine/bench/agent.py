@@ -14,17 +14,19 @@ The workload (`AgentWorkload`; every draw follows from `seed`, so every system g
                a think time (exponential, lognormal or fixed, of mean `think_time_s`) that starts
                when the previous reply ended
 
-Prompts are token ids (the completions endpoint's `prompt: [ids]`), drawn like vLLM's random
-dataset from the tokenizer's base vocabulary without its special tokens, so no tokenizer can
-make two systems see different prompts. reply(t) is NOT what the server generated: it is
-`output_len` pseudo-random ids drawn from the seed, the same for every system. Servers with
-dummy weights generate different text, and sending it back would make the conversations differ;
-identical prompts matter more here than realism. The price: the server's own KV of its reply
-never matches the next prompt, so the best possible hit of turn t is prompt(t-1), rounded down
-to a block.
+Prompts are token ids (the completions endpoint's `prompt: [ids]`; with `--api chat`,
+`responses` or `messages` the same segments decoded to text and sent as messages, see
+`agent_apis.py`), drawn like vLLM's random dataset from the tokenizer's base vocabulary without
+its special tokens, so no tokenizer can make two systems see different prompts. reply(t) is NOT
+what the server generated: it is `output_len` pseudo-random ids drawn from the seed, the same
+for every system. Servers with dummy weights generate different text, and sending it back would
+make the conversations differ; identical prompts matter more here than realism. The price: the
+server's own KV of its reply never matches the next prompt, so the best possible hit of turn t
+is prompt(t-1), rounded down to a block.
 
 Each request carries `prompt_cache_key` (the session id) and `prompt_cache_retention` (default
-"1h") unless `cache_fields` is off. Our server keeps a session's pages leased for that long;
+"1h") unless `cache_fields` is off (the Messages API: a cache_control breakpoint of that ttl).
+Our server keeps a session's pages leased for that long;
 vLLM 0.26 ignores both (its request models allow extra fields and only log them at debug).
 
 After the warm-up (the same `num_warmups` unrelated prompts for every system) and again after
@@ -49,14 +51,15 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import numpy as np
 
-from inferengine.bench.client import RequestInput, RequestOutput, send_request
+from inferengine.bench.agent_apis import make_sender
+from inferengine.bench.client import RequestOutput
 from inferengine.bench.runner import fetch_first_model, new_session
 from inferengine.errors import ConfigError
 
@@ -226,6 +229,8 @@ class AgentTarget:
     model: str | None = None
     extra_body: dict = field(default_factory=dict)
     send_ignore_eos: bool = True
+    api: str = "completions"  # or chat, responses, messages (`agent_apis.py`)
+    decode: Callable[[list[int]], str] | None = None  # token ids to text, for the text APIs
 
 
 async def run_agent(
@@ -236,27 +241,18 @@ async def run_agent(
     async with new_session(None) as http:
         model = target.model or (await fetch_first_model(http, base_url))[0]
 
-        def request(prompt: list[int], key: str | None) -> RequestInput:
-            extra = dict(target.extra_body)
-            if key is not None and w.cache_fields:
-                extra["prompt_cache_key"] = key
-                if w.prompt_cache_retention:
-                    extra["prompt_cache_retention"] = w.prompt_cache_retention
-            return RequestInput(
-                prompt=prompt,
-                prompt_len=len(prompt),
-                output_len=w.output_len,
-                model=model,
-                api_url=f"{base_url}/v1/completions",
-                ignore_eos=target.send_ignore_eos,
-                temperature=0.0,
-                extra_body=extra or None,
-            )
-
-        warm = [request(p, None) for p in warmup_prompts(w, ids)]
-        warm_outs = await asyncio.gather(
-            *(send_request(http, r, w.request_timeout_s) for r in warm)
+        send = make_sender(
+            target.api,
+            http,
+            base_url,
+            model,
+            w,
+            target.extra_body,
+            target.send_ignore_eos,
+            target.decode,
         )
+        warm = [np.asarray(p, dtype=np.int64) for p in warmup_prompts(w, ids)]
+        warm_outs = await asyncio.gather(*(send([p], None) for p in warm))
         before = await scrape_cache(http, base_url)
         records: list[TurnRecord] = []
         slots = asyncio.Semaphore(w.max_active_sessions)
@@ -268,9 +264,7 @@ async def run_agent(
                     if turn.think_s > 0:
                         await asyncio.sleep(turn.think_s)
                     # A failed turn does not end the session: every system gets every request.
-                    out = await send_request(
-                        http, request(s.prompt(turn.index), s.id), w.request_timeout_s
-                    )
+                    out = await send(s.segments[: 2 * turn.index - 1], s.id)
                     records.append(
                         TurnRecord(s.id, turn.index, turn.prompt_len, out.start_time - start, out)
                     )
@@ -290,6 +284,7 @@ async def run_agent(
         await asyncio.sleep(SETTLE_S)
         after = await scrape_cache(http, base_url)
     result = {"client": "inferengine bench agent", "base_url": base_url, "model_id": model}
+    result["api"] = target.api
     result |= agent_metrics(records, duration)
     result["warmup_failed"] = sum(not o.success for o in warm_outs)
     result["cache"] = cache_summary(before, after)

@@ -21,7 +21,7 @@ import dataclasses
 import json
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,6 +90,7 @@ class AgentBenchConfig:
     stop_timeout_s: float = 30.0
     command_line: str = ""
     revision: str | None = None
+    api_of: dict[str, str] = field(default_factory=dict)  # system -> API; else completions
 
 
 def kv_bytes_per_token(model_dir: str | None, dtype_bytes: int = 2) -> int | None:
@@ -130,7 +131,8 @@ def run_agent_bench(cfg: AgentBenchConfig) -> int:
     if cfg.repeats < 1 or cfg.start_repeat < 0:
         raise ConfigError("--repeats must be at least 1 and --start-repeat at least 0")
     cfg.workload.check()
-    ids = allowed_ids(load_tokenizer(cfg.tokenizer))
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    ids = allowed_ids(tokenizer)
     out = cfg.out_dir or default_out_dir(cfg.name)
     out.mkdir(parents=True, exist_ok=True)
     print(f"Results go to {out}")
@@ -143,7 +145,10 @@ def run_agent_bench(cfg: AgentBenchConfig) -> int:
             workload = dataclasses.replace(cfg.workload, seed=cfg.workload.seed + k)
             sessions = build_sessions(workload, ids)
             for position, spec in enumerate(round_order(cfg.systems, k)):
-                runs.append(run_system(spec, k, position, workload, sessions, ids, cfg, out))
+                run = run_system(
+                    spec, k, position, workload, sessions, ids, cfg, out, tokenizer.decode
+                )
+                runs.append(run)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -176,8 +181,9 @@ def run_system(
     ids: np.ndarray,
     cfg: AgentBenchConfig,
     out: Path,
+    decode: Callable[[list[int]], str] | None = None,
 ) -> dict:
-    """Launch (or reach) one system, run the sessions on it, stop it."""
+    """Launch (or reach) one system, run the sessions on it (through its API), stop it."""
     command, base_url = bind_port(spec)
     log_path = out / "logs" / f"r{k}-{spec.name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -185,6 +191,7 @@ def run_system(
         "repeat": k,
         "position": position,
         "system": spec.name,
+        "api": cfg.api_of.get(spec.name, "completions"),
         "command": command,
         "base_url": base_url,
         "ready_s": None,
@@ -201,7 +208,12 @@ def run_system(
             run["ready_s"] = ready_s
             print(f"[r{k} {spec.name}] ready after {ready_s:.1f} s")
         target = AgentTarget(
-            base_url, spec.model or cfg.model, spec.extra_body, spec.send_ignore_eos
+            base_url,
+            spec.model or cfg.model,
+            spec.extra_body,
+            spec.send_ignore_eos,
+            api=run["api"],
+            decode=decode,
         )
         result = asyncio.run(run_agent(workload, target, sessions, ids))
         run["result"] = result
@@ -254,6 +266,7 @@ def build_summary(cfg: AgentBenchConfig, runs: Sequence[dict], rounds: Sequence[
         "seeds": {k: cfg.workload.seed + k for k in rounds},
         "working_set": working_set(cfg.workload, kv_bytes_per_token(cfg.model_dir)),
         "systems": systems,
+        "apis": {name: cfg.api_of.get(name, "completions") for name in systems},
         "rounds": {k: [s.name for s in round_order(cfg.systems, k)] for k in rounds},
         "better": AGENT_METRICS,
         "spread": by_system,

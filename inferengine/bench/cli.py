@@ -94,6 +94,7 @@ example:
 
 def add_agent_args(parser: argparse.ArgumentParser) -> None:
     from inferengine.bench.agent import THINK_DISTRIBUTIONS, AgentWorkload
+    from inferengine.bench.agent_apis import APIS
 
     d = AgentWorkload()
     g = parser.add_argument_group("systems")
@@ -105,6 +106,14 @@ def add_agent_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--served-model-name", help="name presets serve the model under")
     g.add_argument("--model", help="model name to send (default: the first of GET /v1/models)")
     g.add_argument("--tokenizer", help="whose vocabulary prompts are drawn from (token ids)")
+    g.add_argument(
+        "--api",
+        action="append",
+        choices=APIS,
+        help="the API the turns go through (default completions: token ids); repeated, each "
+        "system runs once per API per round, as SYSTEM-API (e.g. --api messages --api chat: "
+        "ratios messages/chat)",
+    )
     g.add_argument("--health-timeout", type=float, default=900.0, help="seconds to wait")
     g.add_argument("--stop-timeout", type=float, default=30.0, help="SIGTERM→SIGKILL seconds")
     w = parser.add_argument_group("sessions (the same for every system)")
@@ -198,14 +207,26 @@ def agent_handler(args: argparse.Namespace) -> int:
         systems = [SystemSpec(args.label, base_url=args.url.rstrip("/"))]
     else:
         systems = [parse_system(s, args.model_dir, served) for s in args.system]
+    systems, api_of = per_api(systems, args.api or ["completions"])
     cfg = AgentBenchConfig(
         workload=agent_workload_from_args(args),
         systems=systems,
         **_run_fields(args, tokenizer),
         command_line=shlex.join(["inferengine", *sys.argv[1:]]),
         revision=args.revision,
+        api_of=api_of,
     )
     return run_agent_bench(cfg)
+
+
+def per_api(systems: list, apis: list[str]) -> tuple[list, dict[str, str]]:
+    """Each system once per API (named SYSTEM-API when there are several), and their APIs."""
+    if len(set(apis)) != len(apis):
+        raise ConfigError("give each --api once")
+    if len(apis) == 1:
+        return systems, {s.name: apis[0] for s in systems}
+    out = [dataclasses.replace(s, name=f"{s.name}-{api}") for s in systems for api in apis]
+    return out, {s.name: api for s, api in zip(out, apis * len(systems), strict=True)}
 
 
 def add_paired_args(parser: argparse.ArgumentParser) -> None:
