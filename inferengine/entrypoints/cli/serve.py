@@ -41,6 +41,11 @@ _SERVER_HELP = {
     "reasoning_parser": "split the model's <think> block into reasoning_content",
     "disable_web_ui": "no web page at / (a chat playground and a live view of the engine; it "
     "loads without the API key, then asks for it)",
+    "responses_store_max": "/v1/responses keeps at most this many responses (store: true) for "
+    "previous_response_id and GET /v1/responses/{id}, dropping the oldest first",
+    "responses_store_bytes": "the most bytes (as JSON) the /v1/responses store holds, dropping "
+    "the oldest responses first",
+    "responses_store_ttl": "seconds a stored /v1/responses response is kept",
 }
 
 

@@ -38,6 +38,7 @@ from inferengine.entrypoints.openai.protocol import (
     SamplingFields,
     TokenizeRequest,
 )
+from inferengine.entrypoints.openai.responses.routes import install as install_responses
 from inferengine.entrypoints.openai.serving_chat import ServingChat
 from inferengine.entrypoints.openai.serving_completions import ServingCompletion
 from inferengine.entrypoints.openai.serving_engine import (
@@ -365,6 +366,7 @@ def build_app(engine_config: EngineConfig, config: ServerConfig | None = None) -
     app = FastAPI(title="InferEngine", lifespan=lifespan)
     app.state.server = state
     app.include_router(router)
+    install_responses(app, state.config)
     if not state.config.disable_web_ui:
         mount_web_ui(app)
     app.include_router(anthropic_router)

@@ -39,6 +39,11 @@ class ServerConfig:
     reasoning_parser: str | None = None
     # The web page at / (`entrypoints/web/`): a chat playground and a live engine view.
     disable_web_ui: bool = False
+    # The store of /v1/responses (`responses/store.py`): responses kept for previous_response_id
+    # and GET, at most this many, this many bytes (as JSON), each this many seconds.
+    responses_store_max: int = 10000
+    responses_store_bytes: int = 256 << 20
+    responses_store_ttl: float = 3600.0
 
     @property
     def access_log(self) -> bool:
@@ -50,9 +55,17 @@ class ServerConfig:
                 "--disable-log-requests is deprecated and does nothing: request logging is off "
                 "by default; --enable-log-requests turns it on."
             )
-        for name, least in (("max_log_len", 1), ("max_n", 1), ("max_request_seqs", 0)):
+        for name, least in (
+            ("max_log_len", 1),
+            ("max_n", 1),
+            ("max_request_seqs", 0),
+            ("responses_store_max", 1),
+            ("responses_store_bytes", 1),
+        ):
             if getattr(self, name) < least:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least {least}.")
+        if not self.responses_store_ttl > 0:
+            raise ConfigError("--responses-store-ttl must be more than 0 seconds.")
         if self.enable_auto_tool_choice and not self.tool_call_parser:
             raise ConfigError(
                 "--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json or "
