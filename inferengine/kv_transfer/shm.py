@@ -5,7 +5,8 @@ back, as the CPU tier's slots), into a file named by the engine id and request i
 under a temporary name and renamed, so a consumer sees it whole or not at all. The device
 pages are free again at once (the bytes were pushed into host memory). The consumer reads the
 pages it wants into the pages it allocated and deletes the file: that is how it says it has
-them. Files no consumer took are deleted after the hold timeout, and at shutdown.
+them. Files no consumer took are deleted after the hold timeout, and at shutdown; a file
+named by a process that is gone (a killed engine) is deleted when the next engine starts.
 
 On a GPU the producer's copy waits for the step's forward (one host sync on a publishing step)
 and the consumer's runs on a side stream behind the steps in flight. Page bytes never travel
@@ -53,7 +54,8 @@ class SharedMemoryTransport:
         self.dir = Path(directory)
         if not self.dir.is_dir():
             raise ConfigError(f"kv_transfer_config: kv_buffer_dir {directory!r} is not a folder.")
-        self.prefix = f"inferengine-kv-{_safe(engine_id)}-"
+        self.prefix = f"inferengine-kv-p{os.getpid()}-{_safe(engine_id)}-"
+        _sweep_dead(self.dir)
         self.hold_timeout_s = hold_timeout_s
         self.own: dict[str, tuple[Path, float]] = {}  # published files and when they expire
         self.fetches: dict[str, _Fetch] = {}
@@ -191,6 +193,20 @@ class SharedMemoryTransport:
 def _safe(name: str) -> str:
     """A request or engine id as a file name part."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:200]
+
+
+def _sweep_dead(directory: Path) -> None:
+    """Delete page files of producers that are gone (their pid is in the name)."""
+    for path in directory.glob("inferengine-kv-p*-*"):
+        match = re.match(r"inferengine-kv-p(\d+)-", path.name)
+        if match is None:
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            _unlink(path)
+        except (PermissionError, OverflowError):
+            pass  # alive under another user, or not a pid
 
 
 def _unlink(path: Path) -> bool:

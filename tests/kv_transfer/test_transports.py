@@ -159,3 +159,19 @@ def test_an_unknown_connector_or_key_is_a_config_error():
         KVTransferConfig.from_dict({"kv_role": "kv_both", "kv_rank": 0})
     with pytest.raises(ConfigError, match="kv_hold_timeout_s must be a positive number"):
         KVTransferConfig(kv_hold_timeout_s=0)
+
+
+def test_page_files_of_a_producer_that_is_gone_are_swept_at_start(tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    stale = tmp_path / f"inferengine-kv-p{dead}-e0-cmpl-1"
+    stale.write_bytes(b"\0" * 16)
+    producer = worker("SharedMemoryConnector", "kv_producer", caches(1), tmp_path)
+    live = Path(params_of(producer, "x", [1])["shm_path"])
+    assert not stale.exists() and live.exists()
+    worker("SharedMemoryConnector", "kv_consumer", caches(None), tmp_path)  # a second start
+    assert live.exists()  # its producer is alive
+    producer.close()
