@@ -28,6 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from inferengine.entrypoints.anthropic.options import (
+    chat_tool_choice,
+    chat_tools,
+    check_keys,
+    output_format,
+    thinking_kwargs,
+)
 from inferengine.entrypoints.anthropic.protocol import (
     REFUSED_FIELDS,
     MessagesRequest,
@@ -38,8 +45,6 @@ from inferengine.entrypoints.cache_breakpoints import parse_cache_control
 from inferengine.entrypoints.openai.protocol import ChatCompletionRequest
 from inferengine.entrypoints.openai.reasoning_parsers import ReasoningParser
 from inferengine.errors import InvalidRequestError
-from inferengine.sampling_params import StructuredOutputsParams
-from inferengine.structured_output.grammar import check_grammar
 
 MAX_CACHE_BREAKPOINTS = 4  # Anthropic's limit on blocks with cache_control
 _TEXT_KEYS = {"type", "text", "cache_control", "citations"}
@@ -49,7 +54,6 @@ _BLOCK_KEYS = {
     "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control"},
     "thinking": {"type", "thinking", "signature"},
 }
-_TOOL_KEYS = {"type", "name", "description", "input_schema", "cache_control", "strict"}
 _NOT_YET = {
     "image": "image content blocks are not supported yet (InferEngine serves text-only models)",
     "document": "document content blocks are not supported yet; send their text",
@@ -64,16 +68,6 @@ class Translated:
 
     chat: ChatCompletionRequest
     omit_thinking: bool = False  # thinking.display "omitted": thinking blocks without their text
-
-
-def extra(where: str, key: str) -> InvalidRequestError:
-    return InvalidRequestError(f"{where}.{key}: Extra inputs are not permitted", param=where)
-
-
-def _check_keys(obj: dict[str, Any], allowed: set[str], where: str) -> None:
-    for key in obj:
-        if key not in allowed:
-            raise extra(where, key)
 
 
 class _Marks:
@@ -103,7 +97,7 @@ class _Marks:
 def _text_part(block: dict[str, Any], where: str, marks: _Marks | None) -> dict[str, Any]:
     """A text block as a chat text part; its cache_control checked (by the caller when `marks`
     is None)."""
-    _check_keys(block, _TEXT_KEYS, where)
+    check_keys(block, _TEXT_KEYS, where)
     if not isinstance(block.get("text"), str):
         raise InvalidRequestError(f"{where}.text: Input should be a valid string", param=where)
     if block.get("citations"):
@@ -144,7 +138,7 @@ def system_message(system: str | list[dict[str, Any]], marks: _Marks) -> dict[st
 
 
 def _tool_message(block: dict[str, Any], where: str, marks: _Marks) -> dict[str, Any]:
-    _check_keys(block, _BLOCK_KEYS["tool_result"], where)
+    check_keys(block, _BLOCK_KEYS["tool_result"], where)
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise InvalidRequestError(f"{where}.tool_use_id: Field required", param=where)
@@ -204,7 +198,7 @@ def _assistant_message(content: list[Any], i: int, marks: _Marks) -> dict[str, A
         if kind == "text":
             parts.append(_text_part(block, where, marks))
             continue
-        _check_keys(block, _BLOCK_KEYS[kind], where)
+        check_keys(block, _BLOCK_KEYS[kind], where)
         if kind == "thinking":
             if not isinstance(block.get("thinking"), str):
                 raise InvalidRequestError(f"{where}.thinking: Field required", param=where)
@@ -239,140 +233,6 @@ def chat_messages(req: PromptFields, marks: _Marks) -> list[dict[str, Any]]:
         else:
             out.append(_assistant_message(message.content, i, marks))
     return out
-
-
-def chat_tools(tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[Any, str]]]:
-    """Function tools for the chat template, and the cache_control marks on them (with where
-    each stands)."""
-    out, tool_marks = [], []
-    for i, tool in enumerate(tools):
-        where = f"tools.{i}"
-        if tool.get("type", "custom") != "custom":
-            raise InvalidRequestError(
-                f"{where}.type: tool type {tool.get('type')!r} is not supported; only custom "
-                "tools (name, description, input_schema) are: this server runs no tools itself.",
-                param=f"{where}.type",
-            )
-        _check_keys(tool, _TOOL_KEYS, where)
-        function: dict[str, Any] = {"name": tool.get("name")}
-        for key, name in (("description", "description"), ("input_schema", "parameters")):
-            if tool.get(key) is not None:
-                function[name] = tool[key]
-        if "input_schema" not in tool:
-            raise InvalidRequestError(f"{where}.input_schema: Field required", param=where)
-        if tool.get("strict") is not None:
-            function["strict"] = tool["strict"]
-        if tool.get("cache_control") is not None:
-            tool_marks.append((tool["cache_control"], f"{where}.cache_control"))
-        out.append({"type": "function", "function": function})
-    return out, tool_marks
-
-
-def chat_tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
-    """Chat's `tool_choice` and `parallel_tool_calls` for Anthropic's `tool_choice`."""
-    if choice is None:
-        return None, None
-    kind = choice.get("type")
-    if kind not in ("auto", "any", "tool", "none"):
-        raise InvalidRequestError(
-            f"tool_choice.type: {kind!r} is not one of 'auto', 'any', 'tool', 'none'",
-            param="tool_choice.type",
-        )
-    allowed = {"type"}
-    if kind != "none":
-        allowed.add("disable_parallel_tool_use")
-    if kind == "tool":
-        allowed.add("name")
-    _check_keys(choice, allowed, "tool_choice")
-    disable = choice.get("disable_parallel_tool_use")
-    if disable is not None and not isinstance(disable, bool):
-        raise InvalidRequestError(
-            "tool_choice.disable_parallel_tool_use: Input should be a valid boolean",
-            param="tool_choice",
-        )
-    parallel = None if disable is None else not disable
-    if kind == "tool":
-        if not isinstance(choice.get("name"), str):
-            raise InvalidRequestError("tool_choice.name: Field required", param="tool_choice")
-        return {"type": "function", "function": {"name": choice["name"]}}, parallel
-    return {"auto": "auto", "any": "required", "none": "none"}[kind], parallel
-
-
-def thinking_kwargs(
-    thinking: dict[str, Any] | None, parser: ReasoningParser | None, max_tokens: int | None
-) -> tuple[dict[str, Any], bool]:
-    """Chat template variables for `thinking`, and whether its text is omitted from the reply."""
-    if thinking is None:
-        return {}, False
-    kind = thinking.get("type")
-    keys = {"enabled": {"type", "budget_tokens", "display"}, "adaptive": {"type", "display"}}
-    if kind not in ("enabled", "adaptive", "disabled"):
-        raise InvalidRequestError(
-            f"thinking.type: {kind!r} is not one of 'enabled', 'adaptive', 'disabled'",
-            param="thinking.type",
-        )
-    _check_keys(thinking, keys.get(kind, {"type"}), "thinking")
-    switch = parser is not None and parser.thinking_off({"enable_thinking": False})
-    if kind == "disabled":
-        if parser is not None and not switch:
-            raise InvalidRequestError(
-                f"thinking.type: this server's model always thinks (--reasoning-parser "
-                f"{parser.name} has no switch to turn thinking off); leave thinking out.",
-                param="thinking.type",
-            )
-        return ({"enable_thinking": False} if switch else {}), False
-    if parser is None:
-        raise InvalidRequestError(
-            "thinking: this server splits no thinking off its replies; start it with "
-            "--reasoning-parser (qwen3, deepseek_r1) for a model that thinks, or leave thinking "
-            "out.",
-            param="thinking",
-        )
-    if kind == "enabled":
-        budget = thinking.get("budget_tokens")
-        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
-            raise InvalidRequestError(
-                "thinking.budget_tokens: a positive integer is required", param="thinking"
-            )
-        if max_tokens is not None and budget >= max_tokens:
-            raise InvalidRequestError(
-                "thinking.budget_tokens: must be less than max_tokens", param="thinking"
-            )
-    display = thinking.get("display")
-    if display not in (None, "summarized", "omitted"):
-        raise InvalidRequestError(
-            f"thinking.display: {display!r} is not one of 'summarized', 'omitted'",
-            param="thinking.display",
-        )
-    return ({"enable_thinking": True} if switch else {}), display == "omitted"
-
-
-def output_format(config: dict[str, Any] | None) -> dict[str, Any] | None:
-    """`structured_outputs` for `output_config`; its schema checked by llguidance here."""
-    if config is None:
-        return None
-    _check_keys(config, {"format", "effort"}, "output_config")
-    if config.get("effort") is not None:
-        raise InvalidRequestError(
-            "output_config.effort: effort levels are not supported; leave effort out.",
-            param="output_config.effort",
-        )
-    fmt = config.get("format")
-    if fmt is None:
-        return None
-    where = "output_config.format"
-    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
-        raise InvalidRequestError(
-            f'{where}: only {{"type": "json_schema", "schema": {{...}}}} is supported', param=where
-        )
-    _check_keys(fmt, {"type", "schema"}, where)
-    if not isinstance(fmt.get("schema"), dict):
-        raise InvalidRequestError(f"{where}.schema: a JSON schema object is required", param=where)
-    try:
-        check_grammar(StructuredOutputsParams(json=fmt["schema"]), None)
-    except InvalidRequestError as e:
-        raise InvalidRequestError(f"{where}.schema: {e.message}", param=f"{where}.schema") from None
-    return {"json": fmt["schema"]}
 
 
 def translate(req: PromptFields, parser: ReasoningParser | None) -> Translated:
