@@ -125,6 +125,9 @@ class SharedMemoryTransport:
             self._end(req_id, False)
             return
         _unlink(path)  # the consumer has the pages: the producer's file goes
+        if not fetch.block_ids:  # local prefix hits cover every page: only the release
+            self._end(req_id, True)
+            return
         self._copy_in(entry, rows, fetch.block_ids)
 
     def _path(self, params: dict) -> Path | None:

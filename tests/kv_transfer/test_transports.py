@@ -100,6 +100,32 @@ def test_pages_arrive_byte_for_byte_and_the_producer_hears_of_it(connector, tmp_
 
 
 @pytest.mark.parametrize("connector", CONNECTORS)
+def test_a_fetch_of_no_pages_releases_the_producer(connector, tmp_path):
+    """A consumer whose own prefix cache holds every page fetches none: the fetch succeeds at
+    once and the producer still learns it may free its pages."""
+    src, dst = caches(1), caches(None)
+    producer = worker(connector, "kv_producer", src, tmp_path)
+    consumer = worker(connector, "kv_consumer", dst, tmp_path)
+    params = params_of(producer, "req-0", [3, 7])
+    ok, _, nbytes = fetch_and_wait(consumer, KVFetch("c-0", params, [], []))
+    assert (ok, nbytes) == (True, 0)
+    assert not any(d.any() for d in dst)
+    released = []
+    for _ in range(200):
+        events = step(producer)
+        released += events.released if events is not None else []
+        if "req-0" in released or connector == "SharedMemoryConnector":
+            break
+        time.sleep(0.01)
+    if connector == "NixlConnector":
+        assert released == ["req-0"]
+    else:
+        assert not list(tmp_path.iterdir())
+    producer.close()
+    consumer.close()
+
+
+@pytest.mark.parametrize("connector", CONNECTORS)
 def test_a_fetch_of_pages_that_never_come_times_out(connector, tmp_path):
     consumer = worker(connector, "kv_consumer", caches(None), tmp_path, kv_load_timeout_s=0.2)
     producer = worker(connector, "kv_producer", caches(1), tmp_path)
