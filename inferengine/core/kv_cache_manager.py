@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from inferengine.core.block_pool import BlockPool, KVCacheBlock, KVEvent
+from inferengine.core.engine_io import KVTierStats
 from inferengine.core.host_tier import HostTier
 from inferengine.core.request import Request
 
@@ -281,3 +282,25 @@ class KVCacheManager:
         self.sessions.clear()
         self._session_ends.clear()
         return True
+
+    def tier_stats(self, page_bytes: int) -> KVTierStats | None:
+        """Both tiers' counts for the stats (`page_bytes`: one page over all ranks)."""
+        if not self.enable_caching:
+            return None
+        s, host = self.prefix_stats, self.host
+        return KVTierStats(
+            query_tokens=s.queries,
+            gpu_hit_tokens=s.hits - s.host_hits,
+            cpu_hit_tokens=s.host_hits,
+            offloaded_blocks=s.offloaded_blocks,
+            loaded_blocks=s.loaded_blocks,
+            offloaded_bytes=s.offloaded_blocks * page_bytes,
+            loaded_bytes=s.loaded_blocks * page_bytes,
+            cpu_pages_total=host.num_slots if host is not None else 0,
+            cpu_pages_used=len(host) if host is not None else 0,
+            leased_blocks=self.pool.num_leased_free_blocks,
+            leased_cpu_pages=host.num_leased if host is not None else 0,
+            sessions=self.num_live_sessions,
+            leased_evicted_blocks=self.pool.num_evicted_leased
+            + (host.num_evicted_leased if host is not None else 0),
+        )

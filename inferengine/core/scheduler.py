@@ -19,7 +19,6 @@ from inferengine.config import CacheConfig, KVTransferConfig, SchedulerConfig
 from inferengine.core.engine_io import (
     EngineCoreOutput,
     EngineCoreOutputs,
-    KVTierStats,
     LogprobsLists,
     SchedulerStats,
     SpecDecodingStats,
@@ -480,28 +479,6 @@ class Scheduler:
             num_preemptions=self.num_preemptions,
             step_num_tokens=self._last_step_tokens,
             spec_decoding=self.spec_stats if self.spec_stats.num_drafts else None,
-            kv_tiers=self._tier_stats(),
+            kv_tiers=self.kv_cache_manager.tier_stats(self.kv_page_bytes),
             kv_transfer=self.kv_connector.make_stats(),
-        )
-
-    def _tier_stats(self) -> KVTierStats | None:
-        kv = self.kv_cache_manager
-        if not kv.enable_caching:
-            return None
-        s, host = kv.prefix_stats, kv.host
-        return KVTierStats(
-            query_tokens=s.queries,
-            gpu_hit_tokens=s.hits - s.host_hits,
-            cpu_hit_tokens=s.host_hits,
-            offloaded_blocks=s.offloaded_blocks,
-            loaded_blocks=s.loaded_blocks,
-            offloaded_bytes=s.offloaded_blocks * self.kv_page_bytes,
-            loaded_bytes=s.loaded_blocks * self.kv_page_bytes,
-            cpu_pages_total=host.num_slots if host is not None else 0,
-            cpu_pages_used=len(host) if host is not None else 0,
-            leased_blocks=kv.pool.num_leased_free_blocks,
-            leased_cpu_pages=host.num_leased if host is not None else 0,
-            sessions=kv.num_live_sessions,
-            leased_evicted_blocks=kv.pool.num_evicted_leased
-            + (host.num_evicted_leased if host is not None else 0),
         )
