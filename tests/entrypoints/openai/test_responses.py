@@ -14,6 +14,9 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -57,11 +60,11 @@ class App:
         return self.tokenizer.decode(request.prompt_token_ids)
 
 
-@pytest.fixture(scope="module")
-def app(tiny_checkpoint, tmp_path_factory):
+@contextmanager
+def open_app(tiny_checkpoint: Any, folder: Path, **config: Any) -> Iterator[App]:
+    """The in-process app over the tiny model with Qwen2.5's template, served with `config`."""
     from starlette.testclient import TestClient
 
-    folder = tmp_path_factory.mktemp("responses")
     for path in tiny_checkpoint("qwen3").iterdir():
         if path.suffix in (".json", ".safetensors") and not path.name.startswith("tokenizer"):
             shutil.copy(path, folder)
@@ -74,10 +77,8 @@ def app(tiny_checkpoint, tmp_path_factory):
         kv_cache_memory=16 << 20,
         served_model_name=SERVED_NAME,
     )
-    config = ServerConfig(
-        enable_auto_tool_choice=True, tool_call_parser="hermes", disable_web_ui=True
-    )
-    with TestClient(build_app(args.create_engine_config(), config)) as http:
+    server_config = ServerConfig(disable_web_ui=True, **config)
+    with TestClient(build_app(args.create_engine_config(), server_config)) as http:
         deadline = time.monotonic() + 180
         while http.get("/health").status_code != 200:
             assert time.monotonic() < deadline, "the in-process engine did not start"
@@ -91,6 +92,15 @@ def app(tiny_checkpoint, tmp_path_factory):
             await add_request(request)
 
         state.engine.client.add_request = spy
+        yield app
+
+
+@pytest.fixture(scope="module")
+def app(tiny_checkpoint, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("responses")
+    with open_app(
+        tiny_checkpoint, folder, enable_auto_tool_choice=True, tool_call_parser="hermes"
+    ) as app:
         yield app
 
 

@@ -4,10 +4,12 @@ input items, tools, tool_choice, text.format and reasoning to the chat request."
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from inferengine.entrypoints.openai.chat_reply import ReplyReader
 from inferengine.entrypoints.openai.protocol import ChatDelta, DeltaFunctionCall, DeltaToolCall
 from inferengine.entrypoints.openai.reasoning_parsers import (
     DeepSeekR1ReasoningParser,
@@ -15,6 +17,7 @@ from inferengine.entrypoints.openai.reasoning_parsers import (
 )
 from inferengine.entrypoints.openai.responses.events import OutputBuilder
 from inferengine.entrypoints.openai.responses.protocol import ResponsesRequest
+from inferengine.entrypoints.openai.responses.serving import ResponseRun
 from inferengine.entrypoints.openai.responses.store import ResponseStore, _size
 from inferengine.entrypoints.openai.responses.translate import (
     chat_messages,
@@ -26,6 +29,7 @@ from inferengine.entrypoints.openai.responses.translate import (
     thinking_kwargs,
 )
 from inferengine.errors import InvalidRequestError
+from inferengine.sampling_params import SamplingParams
 
 # ---- the store ---------------------------------------------------------------------------
 
@@ -274,3 +278,28 @@ def test_reasoning_effort_and_summary():
     )
     assert chat.chat_template_kwargs == {"enable_thinking": False}
     assert (chat.prompt_cache_key, chat.prompt_cache_retention) == ("s", "5m")
+
+
+# ---- a stream that fails -----------------------------------------------------------------
+
+
+def test_a_failed_stream_ends_with_error_then_response_failed():
+    chat = SimpleNamespace(model_name="tiny")
+    serving = SimpleNamespace(chat=chat, store=None)
+    req = ResponsesRequest(input="hi", max_output_tokens=4)
+    run = ResponseRun(serving, req, "resp_1", SamplingParams(max_tokens=4), ReplyReader(), 3)
+    run.builder.event("response.created")
+    run.builder.feed(ChatDelta(content="Hel"))
+    run.builder.take()
+    for error, code, message in (
+        (InvalidRequestError("bad grammar", param="text"), "invalid_request_error", "bad grammar"),
+        (RuntimeError("boom"), "server_error", "internal error: RuntimeError: boom"),
+    ):
+        error_event, failed = run.failed(error)
+        assert error_event["type"] == "error" and failed["type"] == "response.failed"
+        assert (error_event["code"], error_event["message"]) == (code, message)
+        assert failed["sequence_number"] == error_event["sequence_number"] + 1
+        response = failed["response"]
+        assert response["status"] == "failed" and response["id"] == "resp_1"
+        assert response["error"] == {"code": code, "message": message}
+        assert [item["type"] for item in response["output"]] == ["message"]  # what was written

@@ -182,7 +182,7 @@ class ResponseRun:
         self.token_ids: list[int] = []
         self.num_cached = 0
         self.finish_reason: str | None = None
-        self.created_at = time.time()
+        self.created_at = int(time.time())
         self.history: list[dict[str, Any]] = []
         self.session = response_id
 
@@ -208,7 +208,7 @@ class ResponseRun:
         if status == "incomplete":
             reason = "max_output_tokens" if self.finish_reason == "length" else None
             response["incomplete_details"] = {"reason": reason}
-        response["completed_at"] = time.time()
+        response["completed_at"] = int(time.time())
         response["usage"] = self.usage()
         if self.req.stored:
             self.serving.store.put(response, self.history, self.session)
