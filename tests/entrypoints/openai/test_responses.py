@@ -363,18 +363,23 @@ def test_multi_turn_reuses_the_earlier_turns_kv(app):
     assert r2.usage.input_tokens_details.cached_tokens >= len(q1.prompt_token_ids) // 16 * 16
     assert r3.usage.input_tokens_details.cached_tokens >= len(q2.prompt_token_ids) // 16 * 16
     assert q1.cache_key == q2.cache_key == q3.cache_key == r1.id
-    # a later turn may be streamed; its cached tokens come in the completed event (instructions
-    # are not inherited: sent again, or the template's default system prompt would come first)
+    # a last turn may be streamed and left unstored: still in the session, not leased, not kept;
+    # its cached tokens come in the completed event (instructions are not inherited: sent again,
+    # or the template's default system prompt would come first)
     stream = client.responses.create(
         model=SERVED_NAME,
         input="Bye.",
         instructions=instructions,
         previous_response_id=r3.id,
         max_output_tokens=2,
+        store=False,
         stream=True,
     )
     final = events_of(stream)[-1].response
     assert final.usage.input_tokens_details.cached_tokens >= len(q3.prompt_token_ids) // 16 * 16
+    assert (app.sent[-1].cache_key, app.sent[-1].cache_ttl_s) == (r1.id, None)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(final.id)
 
 
 # ---- bad input ---------------------------------------------------------------------------

@@ -74,9 +74,12 @@ class ServingResponses:
         assert req.input is not None  # check_fields
         items = input_items(req.input)
         history = [*(previous.conversation if previous else []), *items]
+        # The conversation's KV session: named by its first response, unless the client names it.
         session = req.prompt_cache_key
-        if session is None and req.stored:  # the conversation's first response names it
-            session = previous.session if previous is not None else response_id
+        if session is None and previous is not None:
+            session = previous.session
+        elif session is None and req.stored:
+            session = response_id
         lease = req.prompt_cache_retention
         if lease is None and req.stored:
             lease = SESSION_LEASE
@@ -88,8 +91,7 @@ class ServingResponses:
             prompt, params, reader, retention = self.chat.prepare(chat_req)
         (stream,) = await self.chat.start(response_id, [prompt], [params], chat_req, retention)
         num_prompt = len(prompt["prompt_token_ids"])
-        run = ResponseRun(self, req, response_id, params, reader, num_prompt)
-        run.history, run.session = history, session or response_id
+        run = ResponseRun(self, req, response_id, params, reader, num_prompt, history, session)
         if req.stream:
             return SSEResponse(self._events(run, stream))
         result = await unless_disconnected(raw, self._whole(run, stream))
@@ -169,6 +171,8 @@ class ResponseRun:
         params: SamplingParams,
         reader: ReplyReader,
         num_prompt: int,
+        history: list[dict[str, Any]] | None = None,
+        session: str | None = None,
     ):
         self.serving = serving
         self.chat = serving.chat
@@ -183,8 +187,8 @@ class ResponseRun:
         self.num_cached = 0
         self.finish_reason: str | None = None
         self.created_at = int(time.time())
-        self.history: list[dict[str, Any]] = []
-        self.session = response_id
+        self.history = history or []  # the conversation this response answers
+        self.session = session or response_id
 
     def add(self, output: RequestOutput) -> None:
         if output.error:
