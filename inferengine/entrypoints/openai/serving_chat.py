@@ -160,9 +160,10 @@ class ServingChat(OpenAIServing):
             )
             retention = dataclasses.replace(retention, breakpoints=tuple(breakpoints))
         num_prompt = len(prompt["prompt_token_ids"])
-        requested = req.max_completion_tokens or req.max_tokens
+        # max_completion_tokens wins (OpenAI's newer name); 0 is a value, not "unset"
+        field = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
         max_tokens = self.resolve_max_tokens(
-            requested, num_prompt, self.default_max_tokens, "messages"
+            getattr(req, field), num_prompt, self.default_max_tokens, "messages", field
         )
         num_top = None
         if req.logprobs:

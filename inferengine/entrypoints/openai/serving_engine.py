@@ -106,14 +106,18 @@ class OpenAIServing:
             )
 
     def resolve_max_tokens(
-        self, requested: int | None, num_prompt: int, default: int | None, where: str
+        self,
+        requested: int | None,
+        num_prompt: int,
+        default: int | None,
+        where: str,
+        param: str = "max_tokens",
     ) -> int:
-        """The output budget: the request's, else `default` (None: the rest of the context)."""
+        """The output budget: the request's (its field: `param`), else `default` (None: the
+        rest of the context)."""
         limit = self.max_model_len
         if requested is not None and requested < 1:
-            raise InvalidRequestError(
-                f"max_tokens must be at least 1, got {requested}.", param="max_tokens"
-            )
+            raise InvalidRequestError(f"{param} must be at least 1, got {requested}.", param=param)
         if num_prompt >= limit:
             raise InvalidRequestError(
                 f"This model's maximum context length is {limit} tokens. However, your request "
@@ -129,7 +133,7 @@ class OpenAIServing:
                 f"This model's maximum context length is {limit} tokens. However, you requested "
                 f"{num_prompt + requested} tokens ({num_prompt} in the {where}, {requested} in the "
                 f"completion). Please reduce the length of the {where} or completion.",
-                param="max_tokens",
+                param=param,
             )
         return requested
 

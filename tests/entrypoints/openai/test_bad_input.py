@@ -185,8 +185,18 @@ def test_json_the_parser_gives_up_on_says_why(client, body, says):
             "chat_template_kwargs",
         ),
         ("/tokenize", {"chat_template_kwargs": {"return_dict": True}}, "chat_template_kwargs"),
+        # 0 read as "not given" once, and generated to the end of the context
+        ("/v1/chat/completions", {"max_completion_tokens": 0}, "max_completion_tokens"),
+        ("/v1/chat/completions", {"max_tokens": 0}, "max_tokens"),
     ],
-    ids=["top_k", "priority", "chat-messages", "tokenize-return_dict"],
+    ids=[
+        "top_k",
+        "priority",
+        "chat-messages",
+        "tokenize-return_dict",
+        "chat-max_completion_tokens-0",
+        "chat-max_tokens-0",
+    ],
 )
 def test_values_that_broke_the_server_are_a_400(client, url, fields, param):
     base = GOOD if url == "/v1/completions" else {"model": SERVED_NAME, "messages": [USER]}
