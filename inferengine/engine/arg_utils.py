@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -37,6 +36,7 @@ from inferengine.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
+from inferengine.engine.arg_checks import check_fallback, check_offloading, check_parallel
 from inferengine.engine.arg_help import ENGINE_HELP
 from inferengine.errors import ConfigError, InvalidRequestError
 from inferengine.logger import init_logger
@@ -150,13 +150,13 @@ class EngineArgs:
             gguf_dequantize=self.gguf_dequantize,
         )
         if not native:
-            _check_fallback(parallel_config, device, self.enforce_eager)
+            check_fallback(parallel_config, device, self.enforce_eager)
         if speculative is not None and speculative.method == "draft_model":
             speculative.draft_model_config = _draft_model_config(
                 speculative, model_config, self.load_format
             )
-        _check_parallel(parallel_config, model_config, speculative, device, native)
-        _check_offloading(self.kv_offloading_size, self.enable_prefix_caching, speculative)
+        check_parallel(parallel_config, model_config, speculative, device, native)
+        check_offloading(self.kv_offloading_size, self.enable_prefix_caching, speculative)
         kv_transfer = _kv_transfer_config(self.kv_transfer_config, parallel_config)
         return EngineConfig(
             model_config=model_config,
@@ -326,20 +326,6 @@ def _model_implementation(hf_config: dict, model_impl: str) -> tuple[dict, bool]
     return fallback_hf_config(hf_config), False
 
 
-def _check_fallback(parallel: ParallelConfig, device: str, enforce_eager: bool) -> None:
-    """The Transformers fallback runs on one device, without CUDA graphs."""
-    if parallel.world_size > 1:
-        raise ConfigError(
-            "the Transformers fallback runs on one device: use --tensor-parallel-size 1 and "
-            "--pipeline-parallel-size 1, or an architecture with a native implementation."
-        )
-    if device == "cuda" and not enforce_eager:
-        logger.info(
-            "the Transformers fallback runs eagerly (no CUDA graphs): Transformers' modeling "
-            "code is not known to be free of host syncs, which a graph capture cannot take"
-        )
-
-
 def _context_len(hf_config: dict) -> int:
     """The positions a checkpoint reaches (2048 when its config does not say)."""
     return int(hf_config.get("max_position_embeddings") or 2048)
@@ -455,71 +441,3 @@ def _parse_bytes(text: str) -> int:
 
 
 _PARSERS = {"kv_cache_memory": _parse_bytes, "speculative_config": _json_object}
-
-
-def _host_memory_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _check_offloading(
-    size_gib: float | None, prefix_caching: bool, speculative: SpeculativeConfig | None
-) -> None:
-    """Refuse, at start-up, a CPU tier that cannot work (CacheConfig refuses a negative size)."""
-    if not size_gib or size_gib < 0:
-        return
-    if not prefix_caching:
-        raise ConfigError(
-            "--kv-offloading-size keeps cached prefixes, so it needs prefix caching: drop "
-            "--no-enable-prefix-caching or the offloading size."
-        )
-    if speculative is not None and speculative.method == "draft_model":
-        raise ConfigError(
-            "--kv-offloading-size does not work with a draft model yet; use the ngram or "
-            "suffix method, or no CPU tier."
-        )
-    available = _host_memory_available()
-    if available is not None and size_gib * 2**30 > available:
-        raise ConfigError(
-            f"--kv-offloading-size {size_gib} GiB is more than this machine's available host "
-            f"memory ({available / 2**30:.1f} GiB); give it at most that, less what the "
-            "server itself needs."
-        )
-
-
-def _check_parallel(
-    parallel: ParallelConfig,
-    model: ModelConfig,
-    speculative: SpeculativeConfig | None,
-    device: str,
-    native: bool = True,
-) -> None:
-    """Refuse, at start-up, a split the model or the machine cannot take."""
-    if native:  # the fallback runs unsplit (`_check_fallback`)
-        parallel.check_model(model)
-    draft = speculative.draft_model_config if speculative is not None else None
-    if draft is not None:
-        if parallel.pipeline_parallel_size > 1:
-            raise ConfigError(
-                "a draft model cannot run with --pipeline-parallel-size > 1 yet; use "
-                "--tensor-parallel-size alone, or the ngram or suffix method."
-            )
-        parallel.check_model(draft, "the draft model")
-    if device == "cuda" and parallel.distributed_executor_backend == "mp":  # Ray: its cluster's
-        import torch
-
-        have = torch.cuda.device_count()
-        if parallel.world_size > have:
-            raise ConfigError(
-                f"--tensor-parallel-size × --pipeline-parallel-size is {parallel.world_size}, "
-                f"but this machine has {have} GPU(s); lower them to fit."
-            )
