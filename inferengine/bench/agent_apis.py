@@ -15,7 +15,9 @@ may end early; greedy decoding makes it end alike on every API. Session caching,
                         the last user block: the whole conversation so far is leased
 
 TTFT is the time to the first event that carries output: a chunk with choices (chat, vLLM's
-rule), a `response.*.delta` (Responses), a `content_block_delta` (Messages).
+rule), a `response.*.delta` (Responses), a `content_block_delta` (Messages); for a reply that
+is empty (EOS at once), the event that ends it (`response.completed`, `message_delta`), as
+chat's finish chunk.
 """
 
 from __future__ import annotations
@@ -93,6 +95,11 @@ def messages_payload(model: str, texts: Sequence[str], output_len: int, ttl: str
     }
 
 
+# The event that ends a reply; for a reply without output it is the first output, as chat's
+# finish chunk is (a chunk with choices).
+_REPLY_ENDS = ("message_delta", "response.completed")
+
+
 class _EventTimer:
     """Folds a Responses or Messages event stream into a RequestOutput (see `_StreamTimer`)."""
 
@@ -117,6 +124,9 @@ class _EventTimer:
         else:
             text = self._responses(kind, data)
         if text is None:
+            if kind in _REPLY_ENDS and self.first_at is None:  # an empty reply (EOS at once)
+                self.first_at = now
+                self.out.ttft = now - self.out.start_time
             return
         if self.first_at is None:
             self.first_at = now

@@ -29,9 +29,10 @@ def sse(event: dict, named: bool) -> bytes:
     return f"{head}data: {json.dumps(event)}\n\n".encode()
 
 
-async def events_for(api: str, body: dict, response: web.StreamResponse) -> None:
-    """The stream each API documents, with two pieces of output."""
-    pieces = ["Hel", "lo"]
+async def events_for(
+    api: str, body: dict, response: web.StreamResponse, pieces: tuple = ("Hel", "lo")
+) -> None:
+    """The stream each API documents, with its output in `pieces`."""
     if api == "chat":
         for piece in pieces:
             await asyncio.sleep(FIRST_DELAY_S if piece == "Hel" else 0)
@@ -56,12 +57,14 @@ async def events_for(api: str, body: dict, response: web.StreamResponse) -> None
         await response.write(sse({"type": "message_start", "message": start}, True))
         await response.write(sse({"type": "ping"}, True))
         await asyncio.sleep(FIRST_DELAY_S)
-        block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}  # fmt: skip
-        await response.write(sse(block, True))
+        if pieces:
+            block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}  # fmt: skip
+            await response.write(sse(block, True))
         for piece in pieces:
             delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}  # fmt: skip
             await response.write(sse(delta, True))
-        await response.write(sse({"type": "content_block_stop", "index": 0}, True))
+        if pieces:
+            await response.write(sse({"type": "content_block_stop", "index": 0}, True))
         end = {"type": "message_delta", "delta": {"stop_reason": "max_tokens"}, "usage": usage | {"output_tokens": 2}}  # fmt: skip
         await response.write(sse(end, True))
         await response.write(sse({"type": "message_stop"}, True))
@@ -81,7 +84,9 @@ def stub():
                 return web.json_response({"type": "error"}, status=400)
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
-            if body.get("model") == "fail":
+            if body.get("model") == "empty":  # EOS at once: no block, no delta
+                await events_for(api, body, response, pieces=[])
+            elif body.get("model") == "fail":
                 error = {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
                 await response.write(sse(error, True))
             else:
@@ -190,6 +195,10 @@ def test_error_events_and_refusals_are_failed_turns(stub):
     assert ok.success and ok.generated_text == "Hello" and ok.output_tokens == 2
     assert (ok.prompt_len, ok.cached_tokens) == (40, 16)
     assert ok.ttft >= FIRST_DELAY_S * 0.9 and ok.latency >= ok.ttft
+    for api in ("messages", "responses"):  # an empty reply: TTFT at its end, as chat's
+        empty = asyncio.run(send(api, "empty"))
+        assert empty.success and empty.generated_text == "", empty.error
+        assert FIRST_DELAY_S * 0.9 <= empty.ttft <= empty.latency
 
 
 def test_several_apis_make_one_system_each():
