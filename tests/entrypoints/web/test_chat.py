@@ -46,17 +46,22 @@ def test_a_message_streams_an_answer_and_the_conversation_goes_on(page):
     first = bodies[0]
     assert first["stream"] is True and first["stream_options"] == {"include_usage": True}
     assert first["max_tokens"] == 12 and first["seed"] == 7
+    assert "temperature" not in first and "top_p" not in first  # the server's defaults
     assert first["messages"] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hello there"},
     ]
 
+    page.locator("#temperature").evaluate(
+        "(e) => { e.value = '0.3'; e.dispatchEvent(new Event('input', {bubbles: true})); }"
+    )
     page.fill("#prompt", "And then?")
     page.click("#send")
     expect(page.locator(".message.assistant .meta")).to_have_count(2)
     messages = bodies[1]["messages"]
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
     assert messages[2]["content"] and messages[3]["content"] == "And then?"
+    assert bodies[1]["temperature"] == 0.3 and "top_p" not in bodies[1]
     assert page.errors == []
 
     page.click("#clear")

@@ -54,7 +54,7 @@ function setupKeyDialog() {
 function showStatus(stats, error) {
   const status = $("server-status");
   if (error) {
-    status.textContent = "unreachable";
+    status.textContent = "not serving";
     status.dataset.state = "down";
     status.title = error;
     return;

@@ -10,8 +10,10 @@ const EXAMPLE_SCHEMA = {
   required: ["answer"],
 };
 
+const SLIDERS = ["temperature", "top-p"];
 const history = []; // the conversation sent back each turn: {role, content}
 let controller = null; // the AbortController of the reply streaming now
+let conversation = 0; // counts Clear: a reply cut by it is not added to the new conversation
 
 function el(tag, className, text) {
   const node = document.createElement(tag);
@@ -21,12 +23,22 @@ function el(tag, className, text) {
 }
 
 export function setupChat() {
-  for (const [input, output] of [
-    ["temperature", "temperature-value"],
-    ["top-p", "top-p-value"],
-  ]) {
-    $(input).addEventListener("input", () => ($(output).value = $(input).value));
+  // Temperature and top-p are sent only once moved: until then the server's defaults apply
+  // (the model's generation_config.json, or --generation-config).
+  for (const name of SLIDERS) {
+    $(name).addEventListener("input", () => {
+      $(name).dataset.set = "1";
+      $(`${name}-value`).value = $(name).value;
+      $("reset-sampling").hidden = false;
+    });
   }
+  $("reset-sampling").addEventListener("click", () => {
+    for (const name of SLIDERS) {
+      delete $(name).dataset.set;
+      $(`${name}-value`).value = "model default";
+    }
+    $("reset-sampling").hidden = true;
+  });
   $("json-schema").value = JSON.stringify(EXAMPLE_SCHEMA, null, 2);
   $("json-mode").addEventListener("change", () => ($("json-schema").hidden = !$("json-mode").checked));
   $("composer").addEventListener("submit", (event) => {
@@ -73,6 +85,7 @@ function showError(message) {
 }
 
 function clear() {
+  conversation += 1;
   controller?.abort();
   history.length = 0;
   const messages = $("messages");
@@ -90,9 +103,9 @@ function requestBody() {
     messages,
     stream: true,
     stream_options: { include_usage: true },
-    temperature: Number($("temperature").value),
-    top_p: Number($("top-p").value),
   };
+  if ($("temperature").dataset.set) body.temperature = Number($("temperature").value);
+  if ($("top-p").dataset.set) body.top_p = Number($("top-p").value);
   const maxTokens = parseInt($("max-tokens").value, 10);
   if (maxTokens > 0) body.max_tokens = maxTokens;
   const seed = $("seed").value.trim();
@@ -109,6 +122,14 @@ function requestBody() {
   return body;
 }
 
+/** Run `change`, then keep the conversation scrolled to its end if it was there before. */
+function keepAtEnd(change) {
+  const box = $("messages");
+  const atEnd = box.scrollHeight - box.scrollTop - box.clientHeight < 60;
+  change();
+  if (atEnd) box.scrollTop = box.scrollHeight;
+}
+
 function addMessage(role, content) {
   const messages = $("messages");
   messages.querySelector(".empty-hint")?.remove();
@@ -118,7 +139,7 @@ function addMessage(role, content) {
   node.append(body);
   if (role === "user") body.textContent = content;
   messages.append(node);
-  node.scrollIntoView({ block: "end" });
+  messages.scrollTop = messages.scrollHeight;
   return node;
 }
 
@@ -188,6 +209,10 @@ class Reply {
   }
 
   draw() {
+    keepAtEnd(() => this.drawNow());
+  }
+
+  drawNow() {
     if (this.reasoning) {
       let details = this.node.querySelector(".reasoning");
       if (!details) {
@@ -200,7 +225,6 @@ class Reply {
       if (this.content && this.body.classList.contains("streaming")) details.open = false;
     }
     this.body.replaceChildren(renderMarkdown(this.content));
-    this.node.scrollIntoView({ block: "end" });
   }
 
   end(note) {
@@ -226,7 +250,7 @@ class Reply {
     if (note) parts.push(note);
     const footer = el("div", "meta");
     footer.append(el("span", "stats", parts.join(" · ")), copyButton(() => this.content));
-    this.node.append(footer);
+    keepAtEnd(() => this.node.append(footer));
   }
 }
 
@@ -249,6 +273,7 @@ async function send() {
   $("send").disabled = true;
   $("stop").disabled = false;
   const reply = new Reply();
+  const started = conversation;
   let failure = null;
   try {
     await stream(body, reply, controller.signal);
@@ -259,6 +284,7 @@ async function send() {
     $("send").disabled = false;
     $("stop").disabled = true;
   }
+  if (started !== conversation) return; // cleared meanwhile
   if (failure instanceof Error && !reply.content) {
     reply.node.remove();
     userNode.classList.add("failed");
