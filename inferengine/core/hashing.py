@@ -30,6 +30,7 @@ def hash_prompt_blocks(
     block_size: int,
     cache_salt: str | None = None,
     max_blocks: int | None = None,
+    lora_int_id: int | None = None,
 ) -> list[BlockHash]:
     """The chain of hashes of `token_ids`' full blocks (at most `max_blocks`), exactly as
     `BlockHasher` gives them to a request with that prompt and `cache_salt` (for a router that
@@ -40,7 +41,7 @@ def hash_prompt_blocks(
     hashes: list[BlockHash] = []
     parent = ROOT_HASH
     for i in range(num_blocks):
-        extra = (cache_salt,) if i == 0 and cache_salt else ()
+        extra = first_block_keys(cache_salt, lora_int_id) if i == 0 else ()
         parent = hash_block(parent, token_ids[i * block_size : (i + 1) * block_size], extra)
         hashes.append(parent)
     return hashes
@@ -52,6 +53,13 @@ class HashedTokens(Protocol):
     block_hashes: list[BlockHash]
     all_token_ids: list[int]
     cache_salt: str | None
+    lora_int_id: int | None
+
+
+def first_block_keys(cache_salt: str | None, lora_int_id: int | None) -> tuple[str, ...]:
+    """The extra keys of a prompt's first block: its salt and its LoRA adapter, if any."""
+    keys = (cache_salt,) if cache_salt else ()
+    return (*keys, f"lora:{lora_int_id}") if lora_int_id is not None else keys
 
 
 class BlockHasher:
@@ -67,6 +75,6 @@ class BlockHasher:
         while start + self.block_size <= len(tokens):
             parent = hashes[-1] if hashes else ROOT_HASH
             # The salt enters the first block only; the chain carries it to every later block.
-            extra = (request.cache_salt,) if not hashes and request.cache_salt else ()
+            extra = () if hashes else first_block_keys(request.cache_salt, request.lora_int_id)
             hashes.append(hash_block(parent, tokens[start : start + self.block_size], extra))
             start += self.block_size

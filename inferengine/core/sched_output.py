@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from inferengine.lora.request import LoRARequest
 from inferengine.sampling_params import SamplingParams
 
 
@@ -20,6 +21,7 @@ class NewRequestData:
     eos_token_id: int | None
     block_ids: list[int]
     num_computed_tokens: int
+    lora_request: LoRARequest | None = None  # the adapter the worker runs it with
 
 
 @dataclass(slots=True)

@@ -14,6 +14,8 @@ from inferengine.engine.core import EngineCore
 from inferengine.engine.input_processor import InputProcessor, PromptType
 from inferengine.engine.output_processor import OutputProcessor, ParentRequest
 from inferengine.errors import ConfigError
+from inferengine.lora.checker import adapter_checker
+from inferengine.lora.request import LoRARequest
 from inferengine.outputs import RequestOutput
 from inferengine.retention import Retention
 from inferengine.sampling_params import SamplingParams
@@ -45,6 +47,7 @@ def fan_out(
     cache_salt: str | None = None,
     retention: Retention | None = None,
     kv_transfer_params: dict | None = None,
+    lora_request: LoRARequest | None = None,
 ) -> list[EngineCoreRequest]:
     """The engine-core requests of one user request (one per sample of `n`), each validated
     before any is registered with the output processor; returns them to be sent."""
@@ -57,6 +60,7 @@ def fan_out(
             priority=priority,
             cache_salt=cache_salt,
             retention=retention,
+            lora_request=lora_request,
             kv_transfer_params=kv_transfer_params,
         )
         for index in range(params.n)
@@ -97,6 +101,7 @@ class LLMEngine:
             config.model_config, self.tokenizer, config.scheduler_config.policy
         )
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.input_processor.lora = adapter_checker(config)
         self.core = EngineCore(config)
 
     def add_request(
@@ -108,6 +113,7 @@ class LLMEngine:
         cache_salt: str | None = None,
         retention: Retention | None = None,
         kv_transfer_params: dict | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         text, token_ids = self.input_processor.tokenize(prompt)
         for request in fan_out(
@@ -121,6 +127,7 @@ class LLMEngine:
             cache_salt,
             retention,
             kv_transfer_params,
+            lora_request=lora_request,
         ):
             self.core.add_request(request)
 

@@ -18,6 +18,7 @@ from inferengine.worker.cpu_env import configure_threads
 from inferengine.worker.cuda_graphs import default_capture_sizes, default_mixed_sizes
 from inferengine.worker.kv_connector import KVConnectorWorker
 from inferengine.worker.kv_offload import HostKVTier
+from inferengine.worker.lora_slots import LoRASlots
 from inferengine.worker.model_runner import ModelRunner
 from inferengine.worker.profile_run import profile_run
 from inferengine.worker.warm_up import warm_up
@@ -49,6 +50,8 @@ class Worker:
         logger.info("attention backend: %s", self.attn_backend.name)
         model = load_model(config.model_config, self.device, self.attn_backend)
         self.runner = ModelRunner(config, model, self.device)
+        if config.lora_config is not None:
+            self.runner.lora = LoRASlots(config, model, self.device, self.runner.requests)
         spec = config.speculative_config
         self.draft_config = spec.draft_model_config if spec is not None else None
         if self.draft_config is not None:

@@ -1,0 +1,45 @@
+"""The API side's adapter check: each `LoRARequest` is checked against the base once, before it is queued."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inferengine.config import EngineConfig
+from inferengine.lora.peft import AdapterSpec, LoRAError, check_adapter
+from inferengine.lora.request import LoRARequest
+
+
+class AdapterChecker:
+    """Checks adapters against the base model's shapes and --max-lora-rank (cached per id and
+    path), so a bad folder is a 400 at the request, never a failed step in the worker."""
+
+    def __init__(self, hf_config: dict[str, Any], max_rank: int):
+        self.hf_config = hf_config
+        self.max_rank = max_rank
+        self._checked: dict[tuple[int, str], AdapterSpec] = {}
+
+    def check(self, lora: LoRARequest) -> AdapterSpec:
+        key = (lora.lora_int_id, lora.lora_path)
+        spec = self._checked.get(key)
+        if spec is None:
+            spec = check_adapter(lora.lora_path, self.hf_config, self.max_rank)
+            self._checked[key] = spec
+        return spec
+
+
+def adapter_checker(config: EngineConfig) -> AdapterChecker | None:
+    """The checker of an engine started with LoRA on; None without."""
+    lora = config.lora_config
+    if lora is None:
+        return None
+    return AdapterChecker(config.model_config.hf_config, lora.max_lora_rank)
+
+
+def check_lora_request(checker: AdapterChecker | None, lora: LoRARequest) -> AdapterSpec:
+    """Raise `LoRAError` unless LoRA is on and `lora`'s folder fits the base."""
+    if checker is None:
+        raise LoRAError(
+            f"the request asks for LoRA adapter {lora.lora_name!r}, and this engine was started "
+            "without LoRA: start it with enable_lora=True (--enable-lora)."
+        )
+    return checker.check(lora)
