@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 from dataclasses import dataclass, field
 
 
@@ -61,4 +62,27 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     error: str | None = None  # set when the engine refused or failed the request
     kv_transfer_params: dict | None = None  # a disaggregated producer's, for the consumer
+    pooled: bytes | None = None  # a pooling request's vector, float32 bytes (`embedding`)
     extra: dict = field(default_factory=dict)
+
+    @property
+    def embedding(self) -> list[float] | None:
+        """A pooling request's vector (None for a generation request)."""
+        if self.pooled is None:
+            return None
+        return array.array("f", self.pooled).tolist()
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """`LLM.embed`'s answer per prompt, shaped like vLLM's."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True

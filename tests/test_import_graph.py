@@ -24,7 +24,7 @@ ALLOWED_CYCLES: list[frozenset[str]] = []
 
 # The bottom room: typed configs, request params, errors, env vars, logging, outputs.
 BASE = {"config", "envs", "errors", "logger", "outputs", "retention", "sampling_params"}
-BASE |= {"tokenizer", "version"}
+BASE |= {"tokenizer", "version", "pooling_params"}
 
 # DESIGN.md's Rooms table, "imports" column: the rooms each room may import (besides itself and
 # the bottom room, which every room may import). "root" is the package facade,
@@ -32,8 +32,7 @@ BASE |= {"tokenizer", "version"}
 ALLOWED_ROOMS: dict[str, set[str]] = {
     "base": set(),
     "checkpoint": set(),
-    "core": {"lora"},  # LoRARequest rides the engine I/O; the per-step adapter cap
-    "lora": set(),  # Multi-LoRA requests, PEFT folder checks (no torch)
+    "core": set(),
     "kernels": set(),
     "distributed": set(),
     "structured_output": {"core"},
@@ -52,20 +51,11 @@ ALLOWED_ROOMS: dict[str, set[str]] = {
         "core",
         "spec_decode",
         "kv_transfer",
-        "lora",
     },
     "executor": {"worker", "core", "distributed"},
-    "engine": {
-        "checkpoint",
-        "core",
-        "executor",
-        "spec_decode",
-        "structured_output",
-        "metrics",
-        "lora",
-    },
+    "engine": {"checkpoint", "core", "executor", "spec_decode", "structured_output", "metrics"},
     "dp": {"engine", "core", "metrics", "executor"},  # executor/ray_cluster: one Ray join
-    "entrypoints": {"engine", "structured_output", "metrics", "dp", "root", "lora"},
+    "entrypoints": {"engine", "structured_output", "metrics", "dp", "root"},
     "bench": {"checkpoint"},
     "root": {"entrypoints", "model"},
 }
@@ -75,7 +65,7 @@ ALLOWED_ROOMS: dict[str, set[str]] = {
 ALLOWED_EXCEPTIONS: set[tuple[str, str]] = set()
 
 # What the rooms below the model never import, at any level (DESIGN.md: core/ "No torch").
-NO_TORCH_ROOMS = {"base", "core", "lora"}
+NO_TORCH_ROOMS = {"base", "core"}
 TORCH_MODULES = {"torch", "triton", "numpy"}
 # Rooms below the model that may use numpy (checkpoint/ converts GGUF tensors with it), never
 # torch or triton: they run before anything loads.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import msgspec
 
-from inferengine.lora.request import LoRARequest
+from inferengine.pooling_params import PoolingParams
 from inferengine.sampling_params import SamplingParams
 
 
@@ -19,7 +19,6 @@ class EngineCoreRequest(msgspec.Struct, omit_defaults=True):
     arrival_time: float = 0.0
     priority: int = 0
     cache_salt: str | None = None
-    lora_request: LoRARequest | None = None  # Multi-LoRA: the adapter; None: the base model
     # Session retention (`retention.py`): the session's name, a lease in seconds on every
     # page of the request (prompt and output) once it ends, and Anthropic-style breakpoints:
     # (number of leading prompt tokens, lease in seconds).
@@ -28,6 +27,8 @@ class EngineCoreRequest(msgspec.Struct, omit_defaults=True):
     cache_breakpoints: list[tuple[int, float]] = []
     # Disaggregated prefill/decode: the router's `kv_transfer_params` (`kv_transfer/`)
     kv_transfer_params: dict | None = None
+    # A prompt-only pooling request (embeddings): it ends after its prefill with `pooled` set
+    pooling_params: PoolingParams | None = None
 
 
 class LogprobsLists(msgspec.Struct, array_like=True):
@@ -52,6 +53,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     scheduled_time: float = 0.0
     # A producer's finished request: where a consumer fetches its prompt's KV pages
     kv_transfer_params: dict | None = None
+    # A pooling request's vector: float32 little-endian bytes
+    pooled: bytes | None = None
 
 
 class SpecDecodingStats(msgspec.Struct, omit_defaults=True):

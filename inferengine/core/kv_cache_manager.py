@@ -87,7 +87,7 @@ class KVCacheManager:
 
         At least one token is always left to compute, so the request still produces logits.
         """
-        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+        if not self.enable_caching or _reads_every_prompt_token(request):
             return [], 0
         hits: list[KVCacheBlock] = []
         for block_hash in request.block_hashes[: self._max_hit_blocks(request)]:
@@ -99,7 +99,7 @@ class KVCacheManager:
 
     def get_host_hits(self, request: Request, num_gpu_hits: int) -> list[int]:
         """Host slots continuing the GPU hits (`num_gpu_hits` blocks) from the CPU tier."""
-        if self.host is None or request.sampling_params.prompt_logprobs is not None:
+        if self.host is None or _reads_every_prompt_token(request):
             return []
         slots = []
         for block_hash in request.block_hashes[num_gpu_hits : self._max_hit_blocks(request)]:
@@ -304,3 +304,11 @@ class KVCacheManager:
             leased_evicted_blocks=self.pool.num_evicted_leased
             + (host.num_evicted_leased if host is not None else 0),
         )
+
+
+def _reads_every_prompt_token(request: Request) -> bool:
+    """Prompt logprobs and MEAN/CLS pooling need every prompt position computed: no hits."""
+    pooling = request.pooling_params
+    return request.sampling_params.prompt_logprobs is not None or (
+        pooling is not None and pooling.needs_every_token
+    )

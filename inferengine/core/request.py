@@ -6,7 +6,7 @@ import time
 from enum import IntEnum
 
 from inferengine.core.hashing import BlockHasher
-from inferengine.lora.request import LoRARequest, adapter_id
+from inferengine.pooling_params import PoolingParams
 from inferengine.sampling_params import SamplingParams
 
 
@@ -62,7 +62,7 @@ class Request:
         cache_ttl_s: float | None = None,
         cache_breakpoints: list[tuple[int, float]] | None = None,
         kv_transfer_params: dict | None = None,
-        lora_request: LoRARequest | None = None,
+        pooling_params: PoolingParams | None = None,
     ):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -71,9 +71,6 @@ class Request:
         self.arrival_time = time.time() if arrival_time is None else arrival_time
         self.priority = priority
         self.cache_salt = cache_salt
-        # Multi-LoRA: the adapter; its id keys the first block's hash, so adapters share no KV
-        self.lora_request = lora_request
-        self.lora_int_id = adapter_id(lora_request)
         # Session retention: leases on this request's pages once it ends (retention.py).
         self.cache_key = cache_key
         self.cache_ttl_s = cache_ttl_s
@@ -81,6 +78,7 @@ class Request:
         # Disaggregated prefill/decode (`kv_transfer/`): what the router asked of this engine
         self.kv_transfer_params = kv_transfer_params
         self.kv_fetch_done = False  # a consumer fetches a request's pages once
+        self.pooling_params = pooling_params  # prompt-only: ends after prefill, pooled
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)

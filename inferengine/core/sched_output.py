@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from inferengine.lora.request import LoRARequest
+from inferengine.pooling_params import PoolingParams
 from inferengine.sampling_params import SamplingParams
 
 
@@ -21,7 +21,7 @@ class NewRequestData:
     eos_token_id: int | None
     block_ids: list[int]
     num_computed_tokens: int
-    lora_request: LoRARequest | None = None  # the adapter the worker runs it with
+    pooling_params: PoolingParams | None = None
 
 
 @dataclass(slots=True)
@@ -92,6 +92,8 @@ class ModelRunnerOutput:
     )
     # KV transfer events the worker saw since the last step (`worker/kv_connector.py`)
     kv_events: KVTransferEvents | None = None
+    # Pooling requests whose prompt this step finished: req -> vector (float32 bytes)
+    pooled: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass

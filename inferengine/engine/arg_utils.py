@@ -17,6 +17,7 @@ from typing import Any
 from inferengine import envs
 from inferengine.checkpoint.aliases import ALIASES, DEFAULT_MODEL
 from inferengine.checkpoint.architecture import choose_implementation, fallback_hf_config
+from inferengine.checkpoint.pooling import resolve_pooler
 from inferengine.checkpoint.quantization import resolve_quantization
 from inferengine.checkpoint.resolve import resolve_model
 from inferengine.config import (
@@ -40,7 +41,6 @@ from inferengine.engine.arg_checks import check_fallback, check_offloading, chec
 from inferengine.engine.arg_help import ENGINE_HELP
 from inferengine.errors import ConfigError, InvalidRequestError
 from inferengine.logger import init_logger
-from inferengine.lora.config import lora_config_from_args
 
 logger = init_logger(__name__)
 
@@ -90,11 +90,8 @@ class EngineArgs:
     speculative_config: dict | str | None = None
     kv_transfer_config: dict | str | None = None
     warmup: bool | None = None  # None: on for CUDA, off on the CPU
-    enable_lora: bool = False
-    max_loras: int = 1
-    max_lora_rank: int = 16
-    max_cpu_loras: int | None = None
-    enable_runtime_lora: bool = False
+    runner: str = "auto"
+    convert: str = "auto"
 
     def create_engine_config(self) -> EngineConfig:
         # Checked before the model is resolved (which may download it).
@@ -119,6 +116,7 @@ class EngineArgs:
                 f"--model-impl must be one of {', '.join(MODEL_IMPLS)}; got {self.model_impl!r}."
             )
         resolved = resolve_model(self.model, self.load_format, self.revision)
+        pooler = resolve_pooler(resolved.path, resolved.hf_config, self.runner, self.convert)
         if dtype_name == "auto":
             dtype_name = _auto_dtype(device)
         hf, native = _model_implementation(resolved.hf_config, self.model_impl)
@@ -154,6 +152,7 @@ class EngineArgs:
             model_impl=self.model_impl,
             quantization=quantization,
             gguf_dequantize=self.gguf_dequantize,
+            pooler=pooler,
         )
         if not native:
             check_fallback(parallel_config, device, self.enforce_eager)
@@ -164,20 +163,6 @@ class EngineArgs:
         check_parallel(parallel_config, model_config, speculative, device, native)
         check_offloading(self.kv_offloading_size, self.enable_prefix_caching, speculative)
         kv_transfer = _kv_transfer_config(self.kv_transfer_config, parallel_config)
-        lora = lora_config_from_args(
-            self.enable_lora,
-            self.max_loras,
-            self.max_lora_rank,
-            self.max_cpu_loras,
-            self.enable_runtime_lora,
-            speculative=speculative,
-            parallel=parallel_config,
-            device=device,
-            enforce_eager=self.enforce_eager,
-            native=native,
-            pooling=getattr(model_config, "pooler", None) is not None,
-            kv_transfer=kv_transfer is not None,
-        )
         return EngineConfig(
             model_config=model_config,
             cache_config=CacheConfig(
@@ -198,7 +183,6 @@ class EngineArgs:
                 policy=self.scheduling_policy,
                 max_waiting_requests=self.max_waiting_requests,
                 async_scheduling=self.async_scheduling,
-                max_loras=lora.max_loras if lora else 0,
             ),
             parallel_config=parallel_config,
             device=device,
@@ -208,7 +192,6 @@ class EngineArgs:
             speculative_config=speculative,
             warmup=self.warmup if self.warmup is not None else device == "cuda",
             kv_transfer_config=kv_transfer,
-            lora_config=lora,
         )
 
     # ---- CLI ---------------------------------------------------------------------------

@@ -95,11 +95,11 @@ class EngineCore:
             arrival_time=request.arrival_time or None,
             priority=request.priority,
             cache_salt=request.cache_salt,
-            lora_request=request.lora_request,
             cache_key=request.cache_key,
             cache_ttl_s=request.cache_ttl_s,
             cache_breakpoints=[tuple(b) for b in request.cache_breakpoints],
             kv_transfer_params=request.kv_transfer_params,
+            pooling_params=request.pooling_params,
         )
         if request.sampling_params.structured_outputs is not None:
             self.structured.submit(core_request)  # joins the scheduler once its matcher is built
@@ -112,8 +112,6 @@ class EngineCore:
         vocab = self.config.model_config.vocab_size
         if n == 0:
             return "the prompt is empty; send at least one token."
-        if request.lora_request is not None and self.config.lora_config is None:
-            return "a LoRA adapter was asked for; this engine was started without --enable-lora."
         if n > max_len:
             return f"the prompt has {n} tokens, more than max_model_len ({max_len})."
         if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= vocab:

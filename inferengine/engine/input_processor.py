@@ -8,8 +8,7 @@ from typing import Any
 from inferengine.config import ModelConfig
 from inferengine.core.engine_io import EngineCoreRequest
 from inferengine.errors import InvalidRequestError
-from inferengine.lora.checker import AdapterChecker, check_lora_request
-from inferengine.lora.request import LoRARequest
+from inferengine.pooling_params import PoolingParams, resolve_pooling
 from inferengine.retention import Retention
 from inferengine.sampling_params import SamplingParams
 
@@ -18,8 +17,6 @@ PromptType = str | list[int] | dict[str, Any]
 
 
 class InputProcessor:
-    lora: AdapterChecker | None = None  # set by the engine front when LoRA is on
-
     def __init__(self, model_config: ModelConfig, tokenizer: Any, scheduling_policy: str = "fcfs"):
         self.model_config = model_config
         self.tokenizer = tokenizer
@@ -135,11 +132,10 @@ class InputProcessor:
         cache_salt: str | None = None,
         retention: Retention | None = None,
         kv_transfer_params: dict | None = None,
-        lora_request: LoRARequest | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> EngineCoreRequest:
         self.validate(prompt_token_ids, params, priority)
-        if lora_request is not None:
-            check_lora_request(self.lora, lora_request)
+        pooling_params = resolve_pooling(self.model_config.pooler, pooling_params)
         if kv_transfer_params is not None and params.n > 1:
             raise InvalidRequestError(
                 "kv_transfer_params (disaggregated prefill/decode) takes one sample: use n=1.",
@@ -162,9 +158,9 @@ class InputProcessor:
             arrival_time=arrival_time or time.time(),
             priority=priority,
             cache_salt=cache_salt,
-            lora_request=lora_request,
             cache_key=retention.key,
             cache_ttl_s=retention.ttl_s,
             cache_breakpoints=list(retention.breakpoints),
             kv_transfer_params=kv_transfer_params,
+            pooling_params=pooling_params,
         )

@@ -14,9 +14,8 @@ from inferengine.engine.core import EngineCore
 from inferengine.engine.input_processor import InputProcessor, PromptType
 from inferengine.engine.output_processor import OutputProcessor, ParentRequest
 from inferengine.errors import ConfigError
-from inferengine.lora.checker import adapter_checker
-from inferengine.lora.request import LoRARequest
 from inferengine.outputs import RequestOutput
+from inferengine.pooling_params import PoolingParams
 from inferengine.retention import Retention
 from inferengine.sampling_params import SamplingParams
 from inferengine.tokenizer import load_tokenizer
@@ -47,7 +46,7 @@ def fan_out(
     cache_salt: str | None = None,
     retention: Retention | None = None,
     kv_transfer_params: dict | None = None,
-    lora_request: LoRARequest | None = None,
+    pooling_params: PoolingParams | None = None,
 ) -> list[EngineCoreRequest]:
     """The engine-core requests of one user request (one per sample of `n`), each validated
     before any is registered with the output processor; returns them to be sent."""
@@ -60,8 +59,8 @@ def fan_out(
             priority=priority,
             cache_salt=cache_salt,
             retention=retention,
-            lora_request=lora_request,
             kv_transfer_params=kv_transfer_params,
+            pooling_params=pooling_params,
         )
         for index in range(params.n)
     ]
@@ -101,7 +100,6 @@ class LLMEngine:
             config.model_config, self.tokenizer, config.scheduler_config.policy
         )
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.input_processor.lora = adapter_checker(config)
         self.core = EngineCore(config)
 
     def add_request(
@@ -113,7 +111,7 @@ class LLMEngine:
         cache_salt: str | None = None,
         retention: Retention | None = None,
         kv_transfer_params: dict | None = None,
-        lora_request: LoRARequest | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> None:
         text, token_ids = self.input_processor.tokenize(prompt)
         for request in fan_out(
@@ -127,7 +125,7 @@ class LLMEngine:
             cache_salt,
             retention,
             kv_transfer_params,
-            lora_request=lora_request,
+            pooling_params,
         ):
             self.core.add_request(request)
 

@@ -73,6 +73,7 @@ class RequestState:
         self.stop_reason: int | str | None = None
         self.num_cached_tokens = 0
         self.kv_transfer_params: dict | None = None
+        self.pooled: bytes | None = None  # a pooling request's vector (float32 bytes)
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.max_stop_len = max((len(s) for s in params.stop), default=0)
 
@@ -100,6 +101,8 @@ class RequestState:
         self.num_cached_tokens = out.num_cached_tokens
         if out.kv_transfer_params is not None:
             self.kv_transfer_params = out.kv_transfer_params
+        if out.pooled is not None:
+            self.pooled = out.pooled
         if out.new_prompt_logprobs is not None and self.prompt_logprobs is not None:
             self._add_prompt_logprobs(out.new_prompt_logprobs)
         self.token_ids.extend(out.new_token_ids)
@@ -310,4 +313,5 @@ class OutputProcessor:
             metrics=state.metrics,
             error=error,
             kv_transfer_params=state.kv_transfer_params,
+            pooled=state.pooled,
         )

@@ -15,8 +15,8 @@ from inferengine.engine.llm_engine import LLMEngine
 from inferengine.entrypoints.cache_breakpoints import cache_breakpoints, take_cache_control
 from inferengine.entrypoints.chat_messages import template_messages, templated_prompt
 from inferengine.errors import InvalidRequestError
-from inferengine.lora.request import LoRARequest
-from inferengine.outputs import RequestOutput
+from inferengine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from inferengine.pooling_params import PoolingParams, pooling_sampling_params, resolve_pooling
 from inferengine.retention import Retention
 from inferengine.sampling_params import RequestOutputKind, SamplingParams, sampling_defaults
 
@@ -88,7 +88,6 @@ class LLM:
         *,
         prompt_cache_key: str | None = None,
         prompt_cache_retention: str | None = None,
-        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """One `RequestOutput` per prompt, in the order given.
 
@@ -101,8 +100,41 @@ class LLM:
         if priority is not None and len(priority) != len(prompt_list):
             raise InvalidRequestError("priority must have one entry per prompt.")
         retentions = [retention] * len(prompt_list)
-        loras = _as_lora_list(lora_request, len(prompt_list))
-        return self._run(prompt_list, params_list, use_tqdm, priority, retentions, loras=loras)
+        return self._run(prompt_list, params_list, use_tqdm, priority, retentions)
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | None = None,
+        use_tqdm: bool = True,
+        *,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt, pooled as the model's pooling says (docs/embeddings.md);
+        `truncate_prompt_tokens` keeps the last k tokens of a longer prompt (-1: the model's
+        maximum)."""
+        prompt_list = _as_prompt_list(prompts)
+        if truncate_prompt_tokens is not None:
+            prompt_list = [self._truncated(p, truncate_prompt_tokens) for p in prompt_list]
+        pooling = [pooling_params or PoolingParams() for _ in prompt_list]
+        params = [pooling_sampling_params() for _ in prompt_list]
+        outputs = self._run(
+            prompt_list, params, use_tqdm, None, [Retention()] * len(params), pooling
+        )
+        return [
+            EmbeddingRequestOutput(o.request_id, o.prompt_token_ids, EmbeddingOutput(o.embedding))
+            for o in outputs
+        ]
+
+    def _truncated(self, prompt: PromptType, keep: int) -> list[int]:
+        max_len = self.llm_engine.config.model_config.max_model_len
+        keep = max_len if keep == -1 else keep
+        if not 1 <= keep <= max_len:
+            raise InvalidRequestError(
+                f"truncate_prompt_tokens must be -1 or 1 to {max_len}; got {keep}.",
+                param="truncate_prompt_tokens",
+            )
+        return self.llm_engine.input_processor.tokenize(prompt)[1][-keep:]
 
     def chat(
         self,
@@ -161,7 +193,7 @@ class LLM:
         use_tqdm: bool,
         priority: list[int] | None,
         retentions: list[Retention],
-        loras: list[LoRARequest | None] | None = None,
+        pooling: list[PoolingParams] | None = None,
     ) -> list[RequestOutput]:
         engine = self.llm_engine
         # Tokenize and check everything first, so a bad prompt fails before any request starts.
@@ -169,6 +201,7 @@ class LLM:
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             text, token_ids = engine.input_processor.tokenize(prompt)
             engine.input_processor.validate(token_ids, p, priority[i] if priority else 0)
+            resolve_pooling(engine.config.model_config.pooler, pooling[i] if pooling else None)
             prepared.append({"prompt": text, "prompt_token_ids": token_ids})
         request_ids = []
         for i, (prompt, p) in enumerate(zip(prepared, params, strict=True)):
@@ -181,7 +214,7 @@ class LLM:
                 p,
                 priority=priority[i] if priority else 0,
                 retention=retentions[i],
-                lora_request=loras[i] if loras else None,
+                pooling_params=pooling[i] if pooling else None,
             )
             request_ids.append(request_id)
         results: dict[str, RequestOutput] = {}
@@ -210,20 +243,6 @@ def _progress_bar(total: int):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)
-
-
-def _as_lora_list(
-    lora: LoRARequest | Sequence[LoRARequest | None] | None, n: int
-) -> list[LoRARequest | None] | None:
-    """One adapter (or None) per prompt: one for all, or a list matching the prompts."""
-    if lora is None or isinstance(lora, LoRARequest):
-        return [lora] * n if lora is not None else None
-    loras = list(lora)
-    if len(loras) != n:
-        raise InvalidRequestError(
-            f"got {len(loras)} LoRA requests for {n} prompts; give one, or one per prompt."
-        )
-    return loras
 
 
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:

@@ -37,6 +37,7 @@ from inferengine.worker.input_batch import InputBuffers, RequestState, StepLayou
 from inferengine.worker.kv_connector import KVConnectorWorker
 from inferengine.worker.kv_offload import HostKVTier
 from inferengine.worker.pending_step import DeferredSampling, PendingStep, SpecResult
+from inferengine.worker.pooling import PoolingRunner
 
 
 def _plain_greedy(state: RequestState) -> bool:
@@ -89,10 +90,10 @@ class ModelRunner:
         self._last_index: dict[str, int] = {}  # request -> its row in that step's samples
         # Hidden states at the last step's sampling positions, for model proposers.
         self._last_hidden: torch.Tensor | None = None
+        self.pooling = PoolingRunner()  # embeddings: prompt-only requests' pooled vectors
         self.drafter: DraftModelProposer | None = None  # set by the worker for draft_model
         self.host_tier: HostKVTier | None = None  # the CPU tier, set by the worker
         self.kv_connector: KVConnectorWorker | None = None  # disaggregated prefill/decode
-        self.lora = None  # Multi-LoRA: worker/lora_slots.LoRASlots, set by the worker
 
     # ---- state -------------------------------------------------------------------------
 
@@ -250,14 +251,13 @@ class ModelRunner:
         """
         self._apply_resolved()
         self._update_states(so)
+        self.pooling.update(so)
         if self.host_tier is not None:
             self.host_tier.copy(self.kv_caches, so.kv_offloads, so.kv_loads, so.kv_writebacks)
         if so.is_empty:
             return PendingStep(self._kv_transfer(ModelRunnerOutput([], []), so), [], [], None)
         self._resolve_if_history_needed(so)
         inputs = self._prepare_inputs(so)
-        if self.lora is not None:  # each token's adapter slot
-            self.lora.prepare(so, inputs.req_ids, inputs.num_scheduled, inputs.graph_shape)
         self._fill_pending_tokens(inputs)
         output = ModelRunnerOutput(
             req_ids=inputs.req_ids, sampled_token_ids=[[] for _ in inputs.req_ids]
@@ -268,6 +268,7 @@ class ModelRunner:
         if hidden is None:  # an earlier pipeline stage: the last one samples
             self._last, self._last_index = None, {}
             return PendingStep(output, [], [], None)
+        output.pooled = self.pooling.pool(inputs, self.requests, hidden)
         logits = None
         if inputs.sample_rows:
             rows = self.buffers.stage_logits_indices(inputs.logits_rows)

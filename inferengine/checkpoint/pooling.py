@@ -1,0 +1,111 @@
+"""Generate or pool: `--runner`/`--convert` and the checkpoint's files decide; a pooling
+model's pooling comes from its Sentence-Transformers files (`modules.json`, `1_Pooling/`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from inferengine.errors import ConfigError
+from inferengine.pooling_params import CONVERTS, RUNNERS, PoolerConfig
+
+# Decoder architectures whose last hidden states we pool (our native classes).
+POOLING_ARCHITECTURES = frozenset(
+    {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+)
+# Pooling-only checkpoint architectures not built yet (encoders, headless decoders).
+_NOT_BUILT = ("Model", "ForSequenceClassification", "ForMaskedLM")
+_ST_POOLING = "sentence_transformers.models.Pooling"
+_ST_NORMALIZE = "sentence_transformers.models.Normalize"
+_ST_BUILT = {"sentence_transformers.models.Transformer", _ST_POOLING, _ST_NORMALIZE}
+_MODES = {
+    "pooling_mode_lasttoken": "LAST",
+    "pooling_mode_mean_tokens": "MEAN",
+    "pooling_mode_cls_token": "CLS",
+}
+_MODES_NOT_BUILT = (
+    "pooling_mode_max_tokens",
+    "pooling_mode_mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens",
+)
+
+
+def resolve_pooler(
+    model_path: str | Path, hf_config: dict[str, Any], runner: str = "auto", convert: str = "auto"
+) -> PoolerConfig | None:
+    """The model's `PoolerConfig` when it runs as a pooling model, None when it generates."""
+    if runner not in RUNNERS:
+        raise ConfigError(f"--runner must be one of {', '.join(RUNNERS)}; got {runner!r}.")
+    if convert not in CONVERTS:
+        extra = " (classification heads are not built yet)" if convert == "classify" else ""
+        raise ConfigError(
+            f"--convert must be one of {', '.join(CONVERTS)}; got {convert!r}{extra}."
+        )
+    path = Path(model_path)
+    arch = (hf_config.get("architectures") or ["?"])[0]
+    modules = _st_modules(path)
+    if runner == "generate":
+        if convert == "embed":
+            raise ConfigError("--convert embed needs --runner pooling (or auto), not generate.")
+        return None
+    pooling = runner == "pooling" or convert == "embed"
+    if runner == "auto" and not pooling:
+        pooling = modules is not None or arch.endswith(_NOT_BUILT)
+    if not pooling:
+        return None
+    if convert == "none":
+        raise ConfigError("--convert none leaves no pooler: a pooling model needs --convert embed.")
+    if arch not in POOLING_ARCHITECTURES:
+        raise ConfigError(
+            f"pooling (embeddings) runs decoder architectures {sorted(POOLING_ARCHITECTURES)} "
+            f"with last-token or mean pooling; {arch!r} is not built yet (encoder-only BERT / "
+            "XLM-RoBERTa and headless *Model checkpoints among them)."
+        )
+    config = _from_sentence_transformers(path, modules) if modules is not None else {}
+    dims = hf_config.get("matryoshka_dimensions")
+    return PoolerConfig(
+        pooling_type=config.get("pooling_type", "LAST"),
+        normalize=config.get("normalize", True),
+        matryoshka_dimensions=tuple(int(d) for d in dims) if dims else None,
+        hidden_size=int(hf_config["hidden_size"]),
+        source="sentence-transformers" if modules is not None else "default",
+    )
+
+
+def _st_modules(path: Path) -> list[dict[str, Any]] | None:
+    file = path / "modules.json"
+    if not file.is_file():
+        return None
+    return json.loads(file.read_text())
+
+
+def _from_sentence_transformers(path: Path, modules: list[dict[str, Any]]) -> dict[str, Any]:
+    """pooling_type and normalize from the modules; a module we do not run is refused."""
+    types = [m.get("type", "") for m in modules]
+    unknown = [t for t in types if t not in _ST_BUILT]
+    if unknown:
+        raise ConfigError(
+            f"the model's modules.json lists {unknown[0]!r}; of Sentence-Transformers modules "
+            "only Transformer, Pooling and Normalize are built (Dense projections are not)."
+        )
+    config: dict[str, Any] = {"normalize": _ST_NORMALIZE in types}
+    for module in modules:
+        if module.get("type") != _ST_POOLING:
+            continue
+        settings = json.loads((path / module.get("path", "") / "config.json").read_text())
+        for key in _MODES_NOT_BUILT:
+            if settings.get(key):
+                raise ConfigError(f"Sentence-Transformers pooling {key} is not built yet.")
+        if settings.get("include_prompt") is False:
+            raise ConfigError(
+                "Sentence-Transformers pooling with include_prompt false is not built."
+            )
+        chosen = [mode for key, mode in _MODES.items() if settings.get(key)]
+        if len(chosen) != 1:
+            raise ConfigError(
+                f"the model's pooling config turns on {chosen or 'no mode'}; exactly one of "
+                "last-token, mean or CLS pooling is built."
+            )
+        config["pooling_type"] = chosen[0]
+    return config
