@@ -126,6 +126,7 @@ class SchedulerConfig:
     policy: str = "fcfs"
     max_waiting_requests: int | None = None  # None: unbounded waiting queue
     async_scheduling: bool = False
+    max_loras: int = 0  # distinct LoRA adapters per step; 0: LoRA is off
 
     def __post_init__(self) -> None:
         if self.policy not in SCHEDULING_POLICIES:
@@ -134,6 +135,31 @@ class SchedulerConfig:
             raise ConfigError(f"--max-num-seqs must be at least 1, got {self.max_num_seqs}.")
         if self.max_num_batched_tokens < 1:
             raise ConfigError("--max-num-batched-tokens must be at least 1.")
+
+
+@dataclass
+class LoRAConfig:
+    """Multi-LoRA (`lora/`, `worker/lora_slots.py`): `max_loras` adapters per step in device
+    slots of rank `max_lora_rank`, `max_cpu_loras` kept loaded on the host; `runtime_updates`:
+    /v1/load_lora_adapter and /v1/unload_lora_adapter are served."""
+
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # None: max_loras
+    runtime_updates: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_loras < 1:
+            raise ConfigError(f"--max-loras must be at least 1, got {self.max_loras}.")
+        if not 1 <= self.max_lora_rank <= 256:
+            raise ConfigError(f"--max-lora-rank must be 1 to 256, got {self.max_lora_rank}.")
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = self.max_loras
+        if self.max_cpu_loras < self.max_loras:
+            raise ConfigError(
+                f"--max-cpu-loras ({self.max_cpu_loras}) must be at least --max-loras "
+                f"({self.max_loras})."
+            )
 
 
 @dataclass
@@ -432,6 +458,7 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = None
     warmup: bool = False  # run the cold kernel variants once before reporting ready
     kv_transfer_config: KVTransferConfig | None = None  # disaggregated prefill/decode
+    lora_config: LoRAConfig | None = None  # Multi-LoRA; None: off
 
     def __post_init__(self) -> None:
         if self.parallel_config.router_cpu_hit_weight is not None and not (

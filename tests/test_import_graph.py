@@ -32,7 +32,8 @@ BASE |= {"tokenizer", "version", "pooling_params"}
 ALLOWED_ROOMS: dict[str, set[str]] = {
     "base": set(),
     "checkpoint": set(),
-    "core": set(),
+    "core": {"lora"},  # LoRARequest rides the engine I/O; the per-step adapter cap
+    "lora": set(),  # Multi-LoRA requests, PEFT folder checks (no torch)
     "kernels": set(),
     "distributed": set(),
     "structured_output": {"core"},
@@ -51,11 +52,20 @@ ALLOWED_ROOMS: dict[str, set[str]] = {
         "core",
         "spec_decode",
         "kv_transfer",
+        "lora",
     },
     "executor": {"worker", "core", "distributed"},
-    "engine": {"checkpoint", "core", "executor", "spec_decode", "structured_output", "metrics"},
+    "engine": {
+        "checkpoint",
+        "core",
+        "executor",
+        "spec_decode",
+        "structured_output",
+        "metrics",
+        "lora",
+    },
     "dp": {"engine", "core", "metrics", "executor"},  # executor/ray_cluster: one Ray join
-    "entrypoints": {"engine", "structured_output", "metrics", "dp", "root"},
+    "entrypoints": {"engine", "structured_output", "metrics", "dp", "root", "lora"},
     "bench": {"checkpoint"},
     "root": {"entrypoints", "model"},
 }
@@ -65,7 +75,7 @@ ALLOWED_ROOMS: dict[str, set[str]] = {
 ALLOWED_EXCEPTIONS: set[tuple[str, str]] = set()
 
 # What the rooms below the model never import, at any level (DESIGN.md: core/ "No torch").
-NO_TORCH_ROOMS = {"base", "core"}
+NO_TORCH_ROOMS = {"base", "core", "lora"}
 TORCH_MODULES = {"torch", "triton", "numpy"}
 # Rooms below the model that may use numpy (checkpoint/ converts GGUF tensors with it), never
 # torch or triton: they run before anything loads.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import msgspec
 
+from inferengine.lora.request import LoRARequest
 from inferengine.pooling_params import PoolingParams
 from inferengine.sampling_params import SamplingParams
 
@@ -19,6 +20,7 @@ class EngineCoreRequest(msgspec.Struct, omit_defaults=True):
     arrival_time: float = 0.0
     priority: int = 0
     cache_salt: str | None = None
+    lora_request: LoRARequest | None = None  # Multi-LoRA: the adapter; None: the base model
     # Session retention (`retention.py`): the session's name, a lease in seconds on every
     # page of the request (prompt and output) once it ends, and Anthropic-style breakpoints:
     # (number of leading prompt tokens, lease in seconds).

@@ -6,6 +6,7 @@ import time
 from enum import IntEnum
 
 from inferengine.core.hashing import BlockHasher
+from inferengine.lora.request import LoRARequest, adapter_id
 from inferengine.pooling_params import PoolingParams
 from inferengine.sampling_params import SamplingParams
 
@@ -62,6 +63,7 @@ class Request:
         cache_ttl_s: float | None = None,
         cache_breakpoints: list[tuple[int, float]] | None = None,
         kv_transfer_params: dict | None = None,
+        lora_request: LoRARequest | None = None,
         pooling_params: PoolingParams | None = None,
     ):
         self.request_id = request_id
@@ -71,6 +73,9 @@ class Request:
         self.arrival_time = time.time() if arrival_time is None else arrival_time
         self.priority = priority
         self.cache_salt = cache_salt
+        # Multi-LoRA: the adapter; its id keys the first block's hash, so adapters share no KV
+        self.lora_request = lora_request
+        self.lora_int_id = adapter_id(lora_request)
         # Session retention: leases on this request's pages once it ends (retention.py).
         self.cache_key = cache_key
         self.cache_ttl_s = cache_ttl_s

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from inferengine.lora.request import LoRARequest
 from inferengine.pooling_params import PoolingParams
 from inferengine.sampling_params import SamplingParams
 
@@ -21,6 +22,7 @@ class NewRequestData:
     eos_token_id: int | None
     block_ids: list[int]
     num_computed_tokens: int
+    lora_request: LoRARequest | None = None  # the adapter the worker runs it with
     pooling_params: PoolingParams | None = None
 
 

@@ -33,6 +33,7 @@ from inferengine.core.sched_output import (
     NewRequestData,
     SchedulerOutput,
 )
+from inferengine.lora.request import admits_adapter
 
 
 class WaitingQueue:
@@ -220,6 +221,8 @@ class Scheduler:
             and len(num_scheduled) < seq_cap
         ):
             request = self.waiting.peek()
+            if not admits_adapter(request.lora_request, self.running, self.config.max_loras):
+                break  # --max-loras adapters run; this one waits for one of them to end
             hits, num_hit_tokens = kv.get_computed_blocks(request)
             if self.kv_connector.wants_fetch(request):
                 parked = self.kv_connector.start_fetch(request, hits)
@@ -269,6 +272,7 @@ class Scheduler:
                 eos_token_id=r.eos_token_id,
                 block_ids=self.kv_cache_manager.get_block_ids(r.request_id),
                 num_computed_tokens=r.num_computed_tokens,
+                lora_request=r.lora_request,
                 pooling_params=r.pooling_params,
             )
             for r in scheduled_new

@@ -79,6 +79,13 @@ ENGINE_HELP = {
     "the best that loads; kv_hold_timeout_s, kv_load_timeout_s, kv_ip, kv_port, engine_id, "
     "kv_buffer_dir); see docs/disaggregated.md",
     "async_scheduling": "schedule the next step while the GPU runs this one",
+    "enable_lora": "serve LoRA adapters (PEFT folders) over the base model, many in one batch; "
+    "see docs/lora.md",
+    "max_loras": "LoRA adapters that may run in one step (device slots)",
+    "max_lora_rank": "the largest adapter rank accepted (1 to 256); slots are this wide",
+    "max_cpu_loras": "adapters kept loaded in host memory (default: --max-loras)",
+    "enable_runtime_lora": "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
+    "(vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING)",
     "warmup": "before /health answers, run once every step shape and sampler path that CUDA-graph "
     "capture leaves cold (prefill chunks above the graph sizes, long contexts, top-p/penalties/"
     "logprobs/grammar sampling), on the null KV page; the start-up log says what and how long "

@@ -41,6 +41,7 @@ from inferengine.engine.arg_checks import check_fallback, check_offloading, chec
 from inferengine.engine.arg_help import ENGINE_HELP
 from inferengine.errors import ConfigError, InvalidRequestError
 from inferengine.logger import init_logger
+from inferengine.lora.config import lora_config_from_args
 
 logger = init_logger(__name__)
 
@@ -90,6 +91,11 @@ class EngineArgs:
     speculative_config: dict | str | None = None
     kv_transfer_config: dict | str | None = None
     warmup: bool | None = None  # None: on for CUDA, off on the CPU
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    enable_runtime_lora: bool = False
     runner: str = "auto"
     convert: str = "auto"
 
@@ -163,6 +169,20 @@ class EngineArgs:
         check_parallel(parallel_config, model_config, speculative, device, native)
         check_offloading(self.kv_offloading_size, self.enable_prefix_caching, speculative)
         kv_transfer = _kv_transfer_config(self.kv_transfer_config, parallel_config)
+        lora = lora_config_from_args(
+            self.enable_lora,
+            self.max_loras,
+            self.max_lora_rank,
+            self.max_cpu_loras,
+            self.enable_runtime_lora,
+            speculative=speculative,
+            parallel=parallel_config,
+            device=device,
+            enforce_eager=self.enforce_eager,
+            native=native,
+            pooling=getattr(model_config, "pooler", None) is not None,
+            kv_transfer=kv_transfer is not None,
+        )
         return EngineConfig(
             model_config=model_config,
             cache_config=CacheConfig(
@@ -183,6 +203,7 @@ class EngineArgs:
                 policy=self.scheduling_policy,
                 max_waiting_requests=self.max_waiting_requests,
                 async_scheduling=self.async_scheduling,
+                max_loras=lora.max_loras if lora else 0,
             ),
             parallel_config=parallel_config,
             device=device,
@@ -192,6 +213,7 @@ class EngineArgs:
             speculative_config=speculative,
             warmup=self.warmup if self.warmup is not None else device == "cuda",
             kv_transfer_config=kv_transfer,
+            lora_config=lora,
         )
 
     # ---- CLI ---------------------------------------------------------------------------

@@ -22,6 +22,8 @@ from inferengine.engine.llm_engine import fan_out
 from inferengine.engine.output_processor import OutputProcessor
 from inferengine.errors import EngineDeadError, InvalidRequestError, OverloadedError
 from inferengine.logger import init_logger
+from inferengine.lora.checker import adapter_checker
+from inferengine.lora.request import LoRARequest
 from inferengine.metrics.stats import IterationStats, StatLogger, ThroughputWindow
 from inferengine.outputs import RequestOutput
 from inferengine.pooling_params import PoolingParams
@@ -98,6 +100,7 @@ class AsyncLLM:
             config.model_config, self.tokenizer, config.scheduler_config.policy
         )
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.input_processor.lora = adapter_checker(config)
         self.stat_loggers = list(stat_loggers or [])
         self.collectors: dict[str, RequestCollector] = {}
         self.children: dict[str, list[str]] = {}  # parent id -> core request ids
@@ -147,6 +150,7 @@ class AsyncLLM:
         retention: Retention | None = None,
         kv_transfer_params: dict | None = None,
         pooling_params: PoolingParams | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Stream outputs of one request; leaving the loop early aborts it in the engine."""
         if not self.is_running:
@@ -168,6 +172,7 @@ class AsyncLLM:
             retention,
             kv_transfer_params,
             pooling_params,
+            lora_request=lora_request,
         )
         self.collectors[request_id] = collector
         self.children[request_id] = [r.request_id for r in core_requests]

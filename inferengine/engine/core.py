@@ -95,6 +95,7 @@ class EngineCore:
             arrival_time=request.arrival_time or None,
             priority=request.priority,
             cache_salt=request.cache_salt,
+            lora_request=request.lora_request,
             cache_key=request.cache_key,
             cache_ttl_s=request.cache_ttl_s,
             cache_breakpoints=[tuple(b) for b in request.cache_breakpoints],
@@ -112,6 +113,8 @@ class EngineCore:
         vocab = self.config.model_config.vocab_size
         if n == 0:
             return "the prompt is empty; send at least one token."
+        if request.lora_request is not None and self.config.lora_config is None:
+            return "a LoRA adapter was asked for; this engine was started without --enable-lora."
         if n > max_len:
             return f"the prompt has {n} tokens, more than max_model_len ({max_len})."
         if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= vocab:

@@ -8,6 +8,8 @@ from typing import Any
 from inferengine.config import ModelConfig
 from inferengine.core.engine_io import EngineCoreRequest
 from inferengine.errors import InvalidRequestError
+from inferengine.lora.checker import AdapterChecker, check_lora_request
+from inferengine.lora.request import LoRARequest
 from inferengine.pooling_params import PoolingParams, resolve_pooling
 from inferengine.retention import Retention
 from inferengine.sampling_params import SamplingParams
@@ -17,6 +19,8 @@ PromptType = str | list[int] | dict[str, Any]
 
 
 class InputProcessor:
+    lora: AdapterChecker | None = None  # set by the engine front when LoRA is on
+
     def __init__(self, model_config: ModelConfig, tokenizer: Any, scheduling_policy: str = "fcfs"):
         self.model_config = model_config
         self.tokenizer = tokenizer
@@ -133,8 +137,11 @@ class InputProcessor:
         retention: Retention | None = None,
         kv_transfer_params: dict | None = None,
         pooling_params: PoolingParams | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> EngineCoreRequest:
         self.validate(prompt_token_ids, params, priority)
+        if lora_request is not None:
+            check_lora_request(self.lora, lora_request)
         pooling_params = resolve_pooling(self.model_config.pooler, pooling_params)
         if kv_transfer_params is not None and params.n > 1:
             raise InvalidRequestError(
@@ -158,6 +165,7 @@ class InputProcessor:
             arrival_time=arrival_time or time.time(),
             priority=priority,
             cache_salt=cache_salt,
+            lora_request=lora_request,
             cache_key=retention.key,
             cache_ttl_s=retention.ttl_s,
             cache_breakpoints=list(retention.breakpoints),

@@ -14,6 +14,8 @@ from inferengine.engine.core import EngineCore
 from inferengine.engine.input_processor import InputProcessor, PromptType
 from inferengine.engine.output_processor import OutputProcessor, ParentRequest
 from inferengine.errors import ConfigError
+from inferengine.lora.checker import adapter_checker
+from inferengine.lora.request import LoRARequest
 from inferengine.outputs import RequestOutput
 from inferengine.pooling_params import PoolingParams
 from inferengine.retention import Retention
@@ -47,6 +49,7 @@ def fan_out(
     retention: Retention | None = None,
     kv_transfer_params: dict | None = None,
     pooling_params: PoolingParams | None = None,
+    lora_request: LoRARequest | None = None,
 ) -> list[EngineCoreRequest]:
     """The engine-core requests of one user request (one per sample of `n`), each validated
     before any is registered with the output processor; returns them to be sent."""
@@ -59,6 +62,7 @@ def fan_out(
             priority=priority,
             cache_salt=cache_salt,
             retention=retention,
+            lora_request=lora_request,
             kv_transfer_params=kv_transfer_params,
             pooling_params=pooling_params,
         )
@@ -100,6 +104,7 @@ class LLMEngine:
             config.model_config, self.tokenizer, config.scheduler_config.policy
         )
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.input_processor.lora = adapter_checker(config)
         self.core = EngineCore(config)
 
     def add_request(
@@ -112,6 +117,7 @@ class LLMEngine:
         retention: Retention | None = None,
         kv_transfer_params: dict | None = None,
         pooling_params: PoolingParams | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         text, token_ids = self.input_processor.tokenize(prompt)
         for request in fan_out(
@@ -126,6 +132,7 @@ class LLMEngine:
             retention,
             kv_transfer_params,
             pooling_params,
+            lora_request=lora_request,
         ):
             self.core.add_request(request)
 

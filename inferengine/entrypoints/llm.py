@@ -15,6 +15,7 @@ from inferengine.engine.llm_engine import LLMEngine
 from inferengine.entrypoints.cache_breakpoints import cache_breakpoints, take_cache_control
 from inferengine.entrypoints.chat_messages import template_messages, templated_prompt
 from inferengine.errors import InvalidRequestError
+from inferengine.lora.request import LoRARequest
 from inferengine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from inferengine.pooling_params import PoolingParams, pooling_sampling_params, resolve_pooling
 from inferengine.retention import Retention
@@ -88,6 +89,7 @@ class LLM:
         *,
         prompt_cache_key: str | None = None,
         prompt_cache_retention: str | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """One `RequestOutput` per prompt, in the order given.
 
@@ -100,7 +102,8 @@ class LLM:
         if priority is not None and len(priority) != len(prompt_list):
             raise InvalidRequestError("priority must have one entry per prompt.")
         retentions = [retention] * len(prompt_list)
-        return self._run(prompt_list, params_list, use_tqdm, priority, retentions)
+        loras = _as_lora_list(lora_request, len(prompt_list))
+        return self._run(prompt_list, params_list, use_tqdm, priority, retentions, loras=loras)
 
     def embed(
         self,
@@ -194,6 +197,7 @@ class LLM:
         priority: list[int] | None,
         retentions: list[Retention],
         pooling: list[PoolingParams] | None = None,
+        loras: list[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         engine = self.llm_engine
         # Tokenize and check everything first, so a bad prompt fails before any request starts.
@@ -214,6 +218,7 @@ class LLM:
                 p,
                 priority=priority[i] if priority else 0,
                 retention=retentions[i],
+                lora_request=loras[i] if loras else None,
                 pooling_params=pooling[i] if pooling else None,
             )
             request_ids.append(request_id)
@@ -243,6 +248,20 @@ def _progress_bar(total: int):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)
+
+
+def _as_lora_list(
+    lora: LoRARequest | Sequence[LoRARequest | None] | None, n: int
+) -> list[LoRARequest | None] | None:
+    """One adapter (or None) per prompt: one for all, or a list matching the prompts."""
+    if lora is None or isinstance(lora, LoRARequest):
+        return [lora] * n if lora is not None else None
+    loras = list(lora)
+    if len(loras) != n:
+        raise InvalidRequestError(
+            f"got {len(loras)} LoRA requests for {n} prompts; give one, or one per prompt."
+        )
+    return loras
 
 
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:

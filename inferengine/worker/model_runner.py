@@ -94,6 +94,7 @@ class ModelRunner:
         self.drafter: DraftModelProposer | None = None  # set by the worker for draft_model
         self.host_tier: HostKVTier | None = None  # the CPU tier, set by the worker
         self.kv_connector: KVConnectorWorker | None = None  # disaggregated prefill/decode
+        self.lora = None  # Multi-LoRA: worker/lora_slots.LoRASlots, set by the worker
 
     # ---- state -------------------------------------------------------------------------
 
@@ -258,6 +259,8 @@ class ModelRunner:
             return PendingStep(self._kv_transfer(ModelRunnerOutput([], []), so), [], [], None)
         self._resolve_if_history_needed(so)
         inputs = self._prepare_inputs(so)
+        if self.lora is not None:  # each token's adapter slot
+            self.lora.prepare(so, inputs.req_ids, inputs.num_scheduled, inputs.graph_shape)
         self._fill_pending_tokens(inputs)
         output = ModelRunnerOutput(
             req_ids=inputs.req_ids, sampled_token_ids=[[] for _ in inputs.req_ids]
