@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from inferengine.checkpoint.int_quant import SUPPORTED_INT, IntCheckpoint, int_checkpoint
 from inferengine.config import QUANTIZATIONS
 from inferengine.errors import ConfigError
 
@@ -44,10 +45,11 @@ class Fp8Checkpoint:
 
 
 def fp8_checkpoint(hf_config: dict[str, Any]) -> Fp8Checkpoint | None:
-    """The checkpoint's FP8 format; None when it is not quantized. Any other quantization is a
-    ConfigError naming what is supported."""
+    """The checkpoint's FP8 format; None when it is not quantized or is an integer format we
+    load (`int_quant_checkpoint`). Any other quantization is a ConfigError naming what is
+    supported."""
     qc = hf_config.get("quantization_config")
-    if not qc:
+    if not qc or int_quant_checkpoint(hf_config) is not None:
         return None
     method = str(qc.get("quant_method", "?")).lower()
     if method == "fp8":
@@ -56,9 +58,16 @@ def fp8_checkpoint(hf_config: dict[str, Any]) -> Fp8Checkpoint | None:
         return _compressed_tensors(qc)
     raise ConfigError(
         f"this checkpoint is quantized with {method!r}, which we cannot load; supported: "
-        f"{_SUPPORTED}. Use the model's unquantized (bf16/fp16) checkpoint, optionally with "
+        f"{_SUPPORTED}; {SUPPORTED_INT}. Use the model's unquantized (bf16/fp16) checkpoint, optionally with "
         "--quantization fp8."
     )
+
+
+def int_quant_checkpoint(hf_config: dict[str, Any]) -> IntCheckpoint | None:
+    """The checkpoint's int4/int8 weight-only format (AWQ, GPTQ, compressed-tensors
+    pack-quantized); None for any other (an option of those we cannot serve: ConfigError)."""
+    qc = hf_config.get("quantization_config")
+    return int_checkpoint(qc) if qc else None
 
 
 def _hf_fp8(qc: dict[str, Any]) -> Fp8Checkpoint:
@@ -80,7 +89,8 @@ def _compressed_tensors(qc: dict[str, Any]) -> Fp8Checkpoint:
     groups = list((qc.get("config_groups") or {}).values())
     if fmt != "float-quantized" or not groups:
         raise ConfigError(
-            f"compressed-tensors format {fmt!r} is not supported; supported: {_SUPPORTED}."
+            f"compressed-tensors format {fmt!r} is not supported; supported: {_SUPPORTED}; "
+            f"{SUPPORTED_INT}."
         )
     schemes = set()
     for group in groups:
@@ -126,14 +136,29 @@ def _block(value: Any) -> tuple[int, int]:
 def resolve_quantization(
     flag: str | None, hf_config: dict[str, Any], native: bool = True
 ) -> str | None:
-    """The run's quantization ("fp8" or None) from `--quantization` and the checkpoint: an FP8
-    checkpoint is FP8 without the flag (as in vLLM)."""
+    """The run's quantization ("fp8", an integer checkpoint's method: "awq", "gptq",
+    "compressed-tensors", or None) from `--quantization` and the checkpoint: a pre-quantized
+    checkpoint is quantized without the flag (as in vLLM)."""
     name = "none" if flag is None else str(flag).lower()
     if name not in QUANTIZATIONS:
         raise ConfigError(
             f"--quantization must be one of {', '.join(QUANTIZATIONS)}; got {flag!r}. "
             f"Pre-quantized {_SUPPORTED} load without the flag."
         )
+    integer = int_quant_checkpoint(hf_config)
+    if integer is not None:
+        if flag is not None:
+            raise ConfigError(
+                f"this checkpoint is {integer.method} int{integer.bits} and loads only as it is: "
+                f"drop --quantization {flag}."
+            )
+        if not native:
+            raise ConfigError(
+                f"{integer.method} checkpoints need one of our own model implementations; this "
+                "architecture runs on the Transformers fallback (or --model-impl transformers "
+                "was given)."
+            )
+        return integer.method
     checkpoint = fp8_checkpoint(hf_config)
     if checkpoint is not None and flag is not None and name == "none":
         raise ConfigError(

@@ -188,6 +188,10 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
         if param.device not in generators:
             generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
         generator = generators[param.device]
+        dummy_init = getattr(param, "dummy_init", None)  # packed integer weights fill themselves
+        if dummy_init is not None:
+            dummy_init(generator)
+            continue
         quantize_from = getattr(param, "quantize_from", None)
         if quantize_from is None:
             param.normal_(0.0, 0.02, generator=generator)

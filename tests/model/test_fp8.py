@@ -230,10 +230,12 @@ def test_checkpoint_formats_parse():
 @pytest.mark.parametrize(
     "qc, message",
     [
-        ({"quant_method": "awq", "bits": 4}, "'awq'"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "'bitsandbytes'"),
+        ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "'gemv'"),
         ({"quant_method": "fp8", "fmt": "e5m2"}, "e5m2"),
         ({"quant_method": "compressed-tensors", "format": "pack-quantized",
-          "config_groups": {"g": {"weights": {"type": "int", "num_bits": 4}}}}, "pack-quantized"),
+          "config_groups": {"g": {"weights": {"type": "int", "num_bits": 4},
+                                  "input_activations": {"num_bits": 8}}}}, "w4a8"),
         ({"quant_method": "compressed-tensors", "format": "float-quantized",
           "config_groups": {"g": {"weights": {"type": "int", "num_bits": 8}}}}, "int/8"),
     ],

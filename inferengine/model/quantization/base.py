@@ -1,5 +1,5 @@
 """The seam between a weight format and the layers: a `QuantizationConfig` (one per model, chosen
-in `formats.quant_config_for`) gives each layer a `QuantMethod` when the layer is built, and the
+in `choose.quant_config_for`) gives each layer a `QuantMethod` when the layer is built, and the
 method creates the layer's parameters in its format, multiplies with them, and finishes them once
 the checkpoint is in (as vLLM's `QuantizationConfig.get_quant_method` / `create_weights` /
 `process_weights_after_loading`).
@@ -10,8 +10,9 @@ loader takes it); a GGUF layer holds its packed blocks. Model files only pass th
 layer's name (`prefix`, the checkpoint's module name) down to the layers.
 
 Formats: unquantized (`layers/linear.UnquantizedLinearMethod`), FP8 (`quantization/fp8.py`),
-GGUF blocks on the CPU (`loader/gguf_quantized.py`). Int4 weight-only (AWQ/GPTQ) plugs in the
-same way: a config whose `linear_method` creates packed int4 weights, scales and zeros.
+GGUF blocks on the CPU (`loader/gguf_quantized.py`), integer weight-only AWQ / GPTQ /
+compressed-tensors pack-quantized (`quantization/formats.py`: packed int4/int8 weights, scales
+and zeros created at construction, repacked for the kernels after loading).
 """
 
 from __future__ import annotations

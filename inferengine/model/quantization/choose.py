@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from inferengine.checkpoint.quantization import fp8_checkpoint
+from inferengine.checkpoint.quantization import fp8_checkpoint, int_quant_checkpoint
 from inferengine.config import ModelConfig
 from inferengine.model.quantization.base import QuantizationConfig
 
@@ -23,7 +23,13 @@ def quant_config_for(
 ) -> QuantizationConfig | None:
     """FP8 for `--quantization fp8` or an FP8 checkpoint (which is FP8 without the flag: a draft
     model's, say); a converted GGUF's blocks on the CPU; else None (unquantized).
-    `packed_modules`: the model class's `stacked_params` (its fused layers' checkpoint parts)."""
+    `packed_modules`: the model class's `stacked_params` (its fused layers' checkpoint parts).
+    An AWQ, GPTQ or compressed-tensors pack-quantized checkpoint: its integer weights."""
+    integer = int_quant_checkpoint(model_config.hf_config)
+    if integer is not None:
+        from inferengine.model.quantization.formats import IntQuantConfig
+
+        return IntQuantConfig(integer, packed_modules)
     checkpoint = fp8_checkpoint(model_config.hf_config)
     if model_config.quantization == "fp8" or checkpoint is not None:
         from inferengine.model.quantization.fp8 import Fp8Config
