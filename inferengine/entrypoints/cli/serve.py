@@ -46,6 +46,8 @@ _SERVER_HELP = {
     "responses_store_bytes": "the most bytes (as JSON) the /v1/responses store holds, dropping "
     "the oldest responses first",
     "responses_store_ttl": "seconds a stored /v1/responses response is kept",
+    "lora_modules": "LoRA adapters to serve, each name=path or vLLM's JSON form with name, path "
+    "and base_model_name; a request picks one by model (needs --enable-lora)",
 }
 
 
@@ -67,6 +69,9 @@ def add_server_args(parser: argparse._ActionsContainer) -> None:
         flag = "--" + f.name.replace("_", "-")
         env = envs.cli_default(f.name)
         help_text = _SERVER_HELP[f.name]
+        if f.name == "lora_modules":
+            parser.add_argument(flag, nargs="+", default=[], metavar="NAME=PATH", help=help_text)
+            continue
         if f.type == "bool":
             default = env.lower() in ("1", "true", "yes", "on") if env is not None else f.default
             parser.add_argument(flag, action="store_true", default=default, help=help_text)

@@ -27,6 +27,8 @@ from inferengine.entrypoints.openai.errors import (
     install_error_handlers,
     status_response,
 )
+from inferengine.entrypoints.openai.lora_routes import adapter_cards, server_loras
+from inferengine.entrypoints.openai.lora_routes import router as lora_router
 from inferengine.entrypoints.openai.middleware import GateMiddleware
 from inferengine.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -110,6 +112,7 @@ class ServerState:
         self.in_flight = 0  # API requests being served (see GateMiddleware)
         self.cut_off = asyncio.Event()  # the drain's time is up: GateMiddleware ends requests
         self.started_at = time.time()
+        self.loras = server_loras(engine_config, config.lora_modules)  # adapters by name
         self.on_ready: Callable[[ServerState], None] | None = None
         # Called when the server cannot serve any more (the engine failed to start, or died):
         # the runner stops the server with a non-zero exit code, for a supervisor to restart it.
@@ -152,6 +155,8 @@ class ServerState:
             chat,
             ServingTokens(engine, log_requests, limits),
         )
+        for handler in (chat, self.handlers.completions, self.handlers.tokens):
+            handler.loras = self.loras  # a request's `model` may name an adapter
         self.status = "ready"
         self._watcher = asyncio.create_task(self._watch_engine(engine))
         if self.on_ready is not None:
@@ -321,7 +326,8 @@ async def models(request: Request) -> Response:
         root=mc.model_path,
         max_model_len=mc.max_model_len,
     )
-    return _json(ModelList(data=[card]))
+    adapters = adapter_cards(_state(request).loras, card.created)
+    return _json(ModelList(data=[card, *adapters]))
 
 
 @router.post("/v1/completions", response_model=None)
@@ -366,6 +372,7 @@ def build_app(engine_config: EngineConfig, config: ServerConfig | None = None) -
     app = FastAPI(title="InferEngine", lifespan=lifespan)
     app.state.server = state
     app.include_router(router)
+    app.include_router(lora_router)  # /v1/load_lora_adapter, /v1/unload_lora_adapter
     install_responses(app, state.config)
     if not state.config.disable_web_ui:
         mount_web_ui(app)

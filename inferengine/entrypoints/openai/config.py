@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inferengine.errors import ConfigError
 from inferengine.logger import init_logger
@@ -44,6 +44,8 @@ class ServerConfig:
     responses_store_max: int = 10000
     responses_store_bytes: int = 256 << 20
     responses_store_ttl: float = 3600.0
+    # Multi-LoRA adapters served by name (`name=path` or vLLM's JSON form); needs --enable-lora
+    lora_modules: list[str] = field(default_factory=list)
 
     @property
     def access_log(self) -> bool:

@@ -23,6 +23,8 @@ from inferengine.entrypoints.openai.streaming import EngineStream, start_streams
 from inferengine.entrypoints.openai.structured_outputs import structured_outputs
 from inferengine.errors import InvalidRequestError, ModelNotFoundError, excerpt
 from inferengine.logger import init_logger
+from inferengine.lora.registry import LoRARegistry
+from inferengine.lora.request import LoRARequest
 from inferengine.outputs import PositionLogprobs, RequestOutput
 from inferengine.retention import Retention
 from inferengine.sampling_params import RequestOutputKind, SamplingParams, sampling_defaults
@@ -79,6 +81,8 @@ def _floor(value: float) -> float:
 
 
 class OpenAIServing:
+    loras: LoRARegistry | None = None  # the server's LoRA adapters by name, set at start
+
     def __init__(
         self, engine: AsyncLLM, log_requests: bool = False, limits: RequestLimits | None = None
     ):
@@ -97,13 +101,17 @@ class OpenAIServing:
     # ---- checks ----------------------------------------------------------------------------
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
+        if name is not None and name != self.model_name and self.lora_for(name) is None:
             raise ModelNotFoundError(
                 f"The model `{excerpt(name)}` does not exist; this server serves "
                 f"`{self.model_name}`.",
                 param="model",
                 code="model_not_found",
             )
+
+    def lora_for(self, name: str | None) -> LoRARequest | None:
+        """The adapter a request's `model` names; None for the base model."""
+        return None if self.loras is None else self.loras.get(name)
 
     def resolve_max_tokens(
         self,
@@ -237,6 +245,7 @@ class OpenAIServing:
                     cache_salt=req.cache_salt,
                     retention=retention,
                     kv_transfer_params=req.kv_transfer_params,
+                    lora_request=self.lora_for(getattr(req, "model", None)),
                 )
             )
         return await start_streams(gens)
