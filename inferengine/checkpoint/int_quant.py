@@ -102,7 +102,8 @@ def _gptq(qc: dict[str, Any]) -> IntCheckpoint:
     if bits not in (4, 8):
         raise _refuse(f"GPTQ bits {bits!r}")
     fmt = str(qc.get("checkpoint_format", qc.get("format", "gptq"))).lower()
-    if fmt not in ("gptq", "gptq_v2") or qc.get("is_marlin_format"):
+    fmt = "marlin" if qc.get("is_marlin_format") else fmt
+    if fmt not in ("gptq", "gptq_v2"):
         raise _refuse(f"GPTQ checkpoint_format {fmt!r} (a repacked kernel layout)")
     if qc.get("dynamic"):
         raise _refuse("GPTQ per-module 'dynamic' overrides")
