@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import msgspec
 
-from inferengine.lora.request import LoRARequest
+from inferengine.lora.request import LoRARequest, LoRAStats
 from inferengine.pooling_params import PoolingParams
 from inferengine.sampling_params import SamplingParams
 
@@ -138,6 +138,7 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     spec_decoding: SpecDecodingStats | None = None
     kv_tiers: KVTierStats | None = None
     kv_transfer: KVTransferStats | None = None
+    lora: LoRAStats | None = None  # Multi-LoRA: adapters running and waiting
 
 
 class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):

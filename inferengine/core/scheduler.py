@@ -33,7 +33,7 @@ from inferengine.core.sched_output import (
     NewRequestData,
     SchedulerOutput,
 )
-from inferengine.lora.request import admits_adapter
+from inferengine.lora.request import admits_adapter, lora_stats
 
 
 class WaitingQueue:
@@ -487,4 +487,5 @@ class Scheduler:
             spec_decoding=self.spec_stats if self.spec_stats.num_drafts else None,
             kv_tiers=self.kv_cache_manager.tier_stats(self.kv_page_bytes),
             kv_transfer=self.kv_connector.make_stats(),
+            lora=lora_stats(self.running, self.waiting, self.config.max_loras),
         )

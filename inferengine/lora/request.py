@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import msgspec
 
 
@@ -44,3 +46,23 @@ def admits_adapter(lora: LoRARequest | None, running: list, max_loras: int) -> b
         return True
     active = {r.lora_request.lora_int_id for r in running if r.lora_request is not None}
     return lora.lora_int_id in active or len(active) < max_loras
+
+
+class LoRAStats(msgspec.Struct, omit_defaults=True):
+    """Adapters of the running and the waiting requests (names, sorted), for vLLM's
+    `lora_requests_info` gauge."""
+
+    max_lora: int
+    running: list[str] = []
+    waiting: list[str] = []
+
+
+def lora_stats(running: Iterable, waiting: Iterable, max_loras: int) -> LoRAStats | None:
+    """The scheduler's adapter stats (None with LoRA off)."""
+    if max_loras <= 0:
+        return None
+
+    def names(requests: Iterable) -> list[str]:
+        return sorted({r.lora_request.lora_name for r in requests if r.lora_request is not None})
+
+    return LoRAStats(max_loras, names(running), names(waiting))

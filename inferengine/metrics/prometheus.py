@@ -188,6 +188,15 @@ class PrometheusStatLogger(StatLogger):
             "request_generation_tokens", "Generated tokens per finished request.", token_buckets
         )
         self._totals: dict[str, int] = {}
+        # Multi-LoRA, as vLLM names it: one series, labelled with the adapters now running and
+        # waiting, whose value is when that last changed
+        self.lora_info = Gauge(
+            PREFIX + "lora_requests_info",
+            "Running stats on LoRA requests.",
+            ["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
+            registry=r,
+        )
+        self._lora_labels: tuple[str, str, str] | None = None
 
     # ---- recording ---------------------------------------------------------------------------
 
@@ -234,6 +243,13 @@ class PrometheusStatLogger(StatLogger):
                 gauge.set(getattr(tiers, name))
         if s.kv_transfer is not None:
             self._update_transfer(s)
+        if s.lora is not None:
+            labels = (",".join(s.lora.running), ",".join(s.lora.waiting), str(s.lora.max_lora))
+            if labels != self._lora_labels:
+                if self._lora_labels is not None:
+                    self.lora_info.remove(*self._lora_labels)
+                self.lora_info.labels(*labels).set_to_current_time()
+                self._lora_labels = labels
         spec = s.spec_decoding
         if spec is not None:
             for name, counter in self.spec_counters.items():

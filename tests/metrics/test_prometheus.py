@@ -67,6 +67,7 @@ NAMES = {
     "kv_transfer_sent_tokens", "kv_transfer_received_tokens", "kv_transfer_local_prefill_tokens",
     "kv_transfer_fallback", "kv_transfer_expired_holds", "kv_transfer_held_blocks",
     "kv_transfer_waiting_requests", "kv_transfer_seconds", "kv_transfer_bytes",
+    "lora_requests_info",
 }  # fmt: skip
 
 

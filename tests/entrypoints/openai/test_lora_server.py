@@ -68,6 +68,7 @@ def test_models_lists_adapters_with_their_parent(served):
     assert set(cards) == {base_name, "r4", "r8"}
     assert cards["r4"]["parent"] == base_name and cards["r4"]["root"] == str(paths["r4"])
     assert cards["r8"]["parent"] == "tiny-base"
+    assert 'inferengine:lora_requests_info{max_lora="2"' in http.get("/metrics").text
 
 
 def test_requests_pick_adapters_by_model_in_one_batch(served):
