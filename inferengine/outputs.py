@@ -86,3 +86,17 @@ class EmbeddingRequestOutput:
     prompt_token_ids: list[int]
     outputs: EmbeddingOutput
     finished: bool = True
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    """`LLM.score`'s answer per pair, shaped like vLLM's."""
+
+    request_id: str
+    outputs: ScoringOutput
+    finished: bool = True

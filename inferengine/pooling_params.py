@@ -11,7 +11,8 @@ from inferengine.sampling_params import RequestOutputKind, SamplingParams
 
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 RUNNERS = ("auto", "generate", "pooling")
-CONVERTS = ("auto", "none", "embed")
+CONVERTS = ("auto", "none", "embed", "classify")
+TASKS = ("embed", "classify")
 
 
 class PoolingParams(msgspec.Struct, omit_defaults=True):
@@ -26,6 +27,9 @@ class PoolingParams(msgspec.Struct, omit_defaults=True):
     dimensions: int | None = None
     normalize: bool | None = None
     pooling_type: str | None = None
+    # classify (yes/no rerankers): the vector is [P(second)], the softmax over the LM head's
+    # logits of these two tokens at the last prompt token
+    score_token_ids: list[int] | None = None
 
     @property
     def needs_every_token(self) -> bool:
@@ -39,6 +43,8 @@ class PoolerConfig:
 
     pooling_type: str = "LAST"
     normalize: bool = True
+    task: str = "embed"  # embed (vectors) or classify (a yes/no score per prompt)
+    score_token_ids: tuple[int, int] | None = None  # classify: the (no, yes) token ids
     # Matryoshka: the widths the model was trained to be cut to (None: any up to hidden_size)
     matryoshka_dimensions: tuple[int, ...] | None = None
     hidden_size: int = 0
@@ -71,6 +77,14 @@ def resolve_pooling(
             "--runner pooling, or serve an embedding checkpoint)."
         )
     dims = params.dimensions
+    if pooler.task == "classify":
+        if dims is not None or params.normalize:
+            raise InvalidRequestError(
+                "this model scores (--convert classify): dimensions and normalize do not apply.",
+                param="dimensions" if dims is not None else "normalize",
+            )
+        ids = list(pooler.score_token_ids or ())
+        return PoolingParams(normalize=False, pooling_type="LAST", score_token_ids=ids)
     if params.pooling_type is not None and params.pooling_type != pooler.pooling_type:
         raise InvalidRequestError(
             f"this model pools {pooler.pooling_type}; a request cannot change it.",
@@ -95,3 +109,15 @@ def resolve_pooling(
             param="dimensions",
         )
     return full
+
+
+def check_task(pooler: PoolerConfig | None, task: str) -> None:
+    """Embeddings need an embedding model; yes/no scores a classify (reranker) one."""
+    if pooler is None or pooler.task == task:
+        return  # a generating model is refused per request, by resolve_pooling
+    if task == "embed":
+        raise InvalidRequestError(
+            "this model scores pairs (--convert classify): use /v1/score or /v1/rerank "
+            "(LLM.score), not embeddings."
+        )
+    raise InvalidRequestError(f"this model serves {pooler.task}, not {task}.")

@@ -38,24 +38,23 @@ def resolve_pooler(
     if runner not in RUNNERS:
         raise ConfigError(f"--runner must be one of {', '.join(RUNNERS)}; got {runner!r}.")
     if convert not in CONVERTS:
-        extra = " (classification heads are not built yet)" if convert == "classify" else ""
-        raise ConfigError(
-            f"--convert must be one of {', '.join(CONVERTS)}; got {convert!r}{extra}."
-        )
+        raise ConfigError(f"--convert must be one of {', '.join(CONVERTS)}; got {convert!r}.")
     path = Path(model_path)
     arch = (hf_config.get("architectures") or ["?"])[0]
     modules = _st_modules(path)
     if runner == "generate":
-        if convert == "embed":
-            raise ConfigError("--convert embed needs --runner pooling (or auto), not generate.")
+        if convert in ("embed", "classify"):
+            raise ConfigError(f"--convert {convert} needs --runner pooling (or auto).")
         return None
-    pooling = runner == "pooling" or convert == "embed"
+    pooling = runner == "pooling" or convert in ("embed", "classify")
     if runner == "auto" and not pooling:
         pooling = modules is not None or arch.endswith(_NOT_BUILT)
     if not pooling:
         return None
     if convert == "none":
         raise ConfigError("--convert none leaves no pooler: a pooling model needs --convert embed.")
+    if convert == "classify" and arch in POOLING_ARCHITECTURES:
+        return _yes_no_scorer(path, hf_config)
     if arch not in POOLING_ARCHITECTURES:
         raise ConfigError(
             f"pooling (embeddings) runs decoder architectures {sorted(POOLING_ARCHITECTURES)} "
@@ -109,3 +108,29 @@ def _from_sentence_transformers(path: Path, modules: list[dict[str, Any]]) -> di
             )
         config["pooling_type"] = chosen[0]
     return config
+
+
+def _yes_no_scorer(path: Path, hf_config: dict[str, Any]) -> PoolerConfig:
+    """A decoder reranker scored by two of its LM head's tokens (Qwen3-Reranker: "no", "yes"),
+    as vLLM's `classifier_from_token`; config.json may name others."""
+    from inferengine.tokenizer import load_tokenizer
+
+    tokens = hf_config.get("classifier_from_token") or ["no", "yes"]
+    if len(tokens) != 2:
+        raise ConfigError(
+            f"classifier_from_token {tokens!r}: two tokens (no, yes) are built; other "
+            "classification heads are not."
+        )
+    tokenizer = load_tokenizer(str(path))
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in tokens]
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if any(i is None or i == unk for i in ids):
+        raise ConfigError(f"classifier_from_token {tokens!r}: not single tokens of this tokenizer.")
+    return PoolerConfig(
+        pooling_type="LAST",
+        normalize=False,
+        task="classify",
+        score_token_ids=(int(ids[0]), int(ids[1])),
+        hidden_size=int(hf_config["hidden_size"]),
+        source="classifier_from_token",
+    )

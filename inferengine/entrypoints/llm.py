@@ -14,10 +14,22 @@ from inferengine.engine.kv_transfer import KVBundle, export_prefix, import_prefi
 from inferengine.engine.llm_engine import LLMEngine
 from inferengine.entrypoints.cache_breakpoints import cache_breakpoints, take_cache_control
 from inferengine.entrypoints.chat_messages import template_messages, templated_prompt
+from inferengine.entrypoints.pooling_inputs import cosine, first_float, pair_ids, pair_up
 from inferengine.errors import InvalidRequestError
 from inferengine.lora.request import LoRARequest
-from inferengine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
-from inferengine.pooling_params import PoolingParams, pooling_sampling_params, resolve_pooling
+from inferengine.outputs import (
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
+from inferengine.pooling_params import (
+    PoolingParams,
+    check_task,
+    pooling_sampling_params,
+    resolve_pooling,
+)
 from inferengine.retention import Retention
 from inferengine.sampling_params import RequestOutputKind, SamplingParams, sampling_defaults
 
@@ -116,6 +128,7 @@ class LLM:
         """One embedding per prompt, pooled as the model's pooling says (docs/embeddings.md);
         `truncate_prompt_tokens` keeps the last k tokens of a longer prompt (-1: the model's
         maximum)."""
+        check_task(self.llm_engine.config.model_config.pooler, "embed")
         prompt_list = _as_prompt_list(prompts)
         if truncate_prompt_tokens is not None:
             prompt_list = [self._truncated(p, truncate_prompt_tokens) for p in prompt_list]
@@ -128,6 +141,50 @@ class LLM:
             EmbeddingRequestOutput(o.request_id, o.prompt_token_ids, EmbeddingOutput(o.embedding))
             for o in outputs
         ]
+
+    def score(
+        self,
+        data_1: str | list[str],
+        data_2: str | list[str],
+        use_tqdm: bool = True,
+        *,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[ScoringRequestOutput]:
+        """One score per (query, document) pair, as vLLM pairs them (one query against each
+        document, or pairwise): a reranker's P(yes) (--convert classify), or the cosine of an
+        embedding model's vectors."""
+        pooler = self.llm_engine.config.model_config.pooler
+        resolve_pooling(pooler, PoolingParams())  # a generating model is refused here
+        assert pooler is not None
+        pairs = pair_up(data_1, data_2)
+        keep = truncate_prompt_tokens
+        if pooler.task == "classify":
+            tok = self.get_tokenizer()
+            prompts = [pair_ids(tok, q, d) for q, d in pairs]
+            if keep is not None:
+                prompts = [self._truncated(p, keep) for p in prompts]
+            outs = self._pool(prompts, PoolingParams(), use_tqdm)
+            return [
+                ScoringRequestOutput(o.request_id, ScoringOutput(first_float(o.pooled)))
+                for o in outs
+            ]
+        texts = list(dict.fromkeys(t for pair in pairs for t in pair))
+        prompts = [self._truncated(t, keep) if keep is not None else t for t in texts]
+        vectors = {
+            t: o.pooled
+            for t, o in zip(texts, self._pool(prompts, PoolingParams(), use_tqdm), strict=True)
+        }
+        return [
+            ScoringRequestOutput(str(i), ScoringOutput(cosine(vectors[q], vectors[d])))
+            for i, (q, d) in enumerate(pairs)
+        ]
+
+    def _pool(
+        self, prompts: list[Any], params: PoolingParams, use_tqdm: bool
+    ) -> list[RequestOutput]:
+        n = len(prompts)
+        sampling = [pooling_sampling_params() for _ in prompts]
+        return self._run(prompts, sampling, use_tqdm, None, [Retention()] * n, [params] * n)
 
     def _truncated(self, prompt: PromptType, keep: int) -> list[int]:
         max_len = self.llm_engine.config.model_config.max_model_len

@@ -90,7 +90,7 @@ class ModelRunner:
         self._last_index: dict[str, int] = {}  # request -> its row in that step's samples
         # Hidden states at the last step's sampling positions, for model proposers.
         self._last_hidden: torch.Tensor | None = None
-        self.pooling = PoolingRunner()  # embeddings: prompt-only requests' pooled vectors
+        self.pooling = PoolingRunner(model)  # embeddings and scores of prompt-only requests
         self.drafter: DraftModelProposer | None = None  # set by the worker for draft_model
         self.host_tier: HostKVTier | None = None  # the CPU tier, set by the worker
         self.kv_connector: KVConnectorWorker | None = None  # disaggregated prefill/decode

@@ -30,7 +30,8 @@ class _Step(Protocol):
 class PoolingRunner:
     """The pooling requests the runner holds, and their partial pools across prefill chunks."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model  # its LM head scores yes/no rerankers
         self.params: dict[str, PoolingParams] = {}
         self.partial: dict[str, torch.Tensor] = {}
 
@@ -61,6 +62,8 @@ class PoolingRunner:
                 start, num_prompt = state.num_computed_tokens, len(state.prompt_token_ids)
                 rows = hidden[flat : flat + min(n, num_prompt - start)]
                 pooled = pool_rows(params.pooling_type, rows, start, self.partial.get(req_id))
+                if start + n >= num_prompt and params.score_token_ids is not None:
+                    pooled = self._yes_no(rows[-1:], params.score_token_ids)
                 if start + n >= num_prompt:
                     if params.pooling_type == "MEAN":
                         pooled = pooled / num_prompt
@@ -69,7 +72,12 @@ class PoolingRunner:
                 else:
                     self.partial[req_id] = pooled
             flat += n
-        return {
+        return {  # one host copy per finished vector
             req_id: postprocess(vector, params).numpy().astype("<f4").tobytes()
             for req_id, vector, params in done
         }
+
+    def _yes_no(self, last_row: torch.Tensor, token_ids: list[int]) -> torch.Tensor:
+        """[P(yes)]: the softmax over the (no, yes) logits of the last prompt token."""
+        logits = self.model.compute_logits(last_row)[0, token_ids].float()
+        return torch.softmax(logits, dim=-1)[1:]

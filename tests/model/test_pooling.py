@@ -119,5 +119,5 @@ def test_bad_pooling_requests_are_refused(tiny_checkpoint):
         embedder.embed(list(range(5, 80)), use_tqdm=False)
     short = embedder.embed(list(range(5, 80)), use_tqdm=False, truncate_prompt_tokens=-1)[0]
     assert short.prompt_token_ids == list(range(16, 80))
-    with pytest.raises(ConfigError, match="classify"):
-        LLM(str(path), runner="pooling", convert="classify")
+    with pytest.raises(ConfigError, match="--convert must be one of"):
+        LLM(str(path), runner="pooling", convert="reward")

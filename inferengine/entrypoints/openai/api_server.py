@@ -43,11 +43,13 @@ from inferengine.entrypoints.openai.protocol import (
 from inferengine.entrypoints.openai.responses.routes import install as install_responses
 from inferengine.entrypoints.openai.serving_chat import ServingChat
 from inferengine.entrypoints.openai.serving_completions import ServingCompletion
+from inferengine.entrypoints.openai.serving_embedding import router as pooling_router
 from inferengine.entrypoints.openai.serving_engine import (
     RequestLimits,
     ascii_name,
     unknown_fields,
 )
+from inferengine.entrypoints.openai.serving_score import router as score_router
 from inferengine.entrypoints.openai.serving_tokens import ServingTokens
 from inferengine.entrypoints.web import mount_web_ui
 from inferengine.errors import EngineDeadError
@@ -372,6 +374,8 @@ def build_app(engine_config: EngineConfig, config: ServerConfig | None = None) -
     app = FastAPI(title="InferEngine", lifespan=lifespan)
     app.state.server = state
     app.include_router(router)
+    app.include_router(pooling_router)  # /v1/embeddings (serving_embedding.py)
+    app.include_router(score_router)  # /v1/score, /v1/rerank (serving_score.py)
     app.include_router(lora_router)  # /v1/load_lora_adapter, /v1/unload_lora_adapter
     install_responses(app, state.config)
     if not state.config.disable_web_ui:

@@ -14,7 +14,12 @@ from inferengine.entrypoints.openai.serving_engine import OpenAIServing, random_
 from inferengine.entrypoints.openai.streaming import close_streams, merge_streams, start_streams
 from inferengine.errors import InvalidRequestError
 from inferengine.outputs import RequestOutput
-from inferengine.pooling_params import PoolingParams, pooling_sampling_params, resolve_pooling
+from inferengine.pooling_params import (
+    PoolingParams,
+    check_task,
+    pooling_sampling_params,
+    resolve_pooling,
+)
 
 router = APIRouter()
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
@@ -135,6 +140,7 @@ class ServingPooling(OpenAIServing):
                 f"/v1/embeddings does not take {sorted(req.model_extra)[0]!r}.",
                 param=sorted(req.model_extra)[0],
             )
+        check_task(self.model_config.pooler, "embed")
         lists = as_token_lists(req.input, self.tokenizer, req.add_special_tokens)
         lists = [
             truncate(ids, req.truncate_prompt_tokens, self.max_model_len, i)
@@ -161,7 +167,7 @@ class ServingPooling(OpenAIServing):
         )
 
 
-def _serving(request: Request) -> ServingPooling:
+def pooling_handler(request: Request) -> ServingPooling:
     state = request.app.state.server
     state.check_serving()
     handler = getattr(state, "pooling_handler", None)
@@ -173,5 +179,5 @@ def _serving(request: Request) -> ServingPooling:
 
 @router.post("/v1/embeddings", response_model=None)
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
-    result = await _serving(request).embeddings(body)
+    result = await pooling_handler(request).embeddings(body)
     return Response(result.model_dump_json(), media_type="application/json")
