@@ -5,7 +5,9 @@ token's product against all slots in one matmul and keep its own slot's part (a 
 shrink, a one-hot scatter for the expand): no loop over tokens or adapters, no data-dependent
 shapes, so a step with any mix of adapters is two matmuls per projection. The extra work is
 `max_loras`-fold on the rank dimension, small next to the base GEMM at the ranks LoRA uses.
-Triton shrink/expand kernels (gather A/B per token tile) are the GPU follow-up.
+`lora_shrink` / `lora_expand` are the Triton pair (`lora_kernels.py`), checked against these
+references in the interpreter; the worker runs the references until the pair is measured and
+captured in CUDA graphs on a GPU.
 """
 
 from __future__ import annotations
@@ -62,3 +64,44 @@ def lora_ref_loop(
         if s >= 0:
             out[t] = scales[s] * (x[t] @ a_stacked[s].t() @ b_stacked[s].t())
     return out
+
+
+def lora_shrink(
+    x: torch.Tensor, a_stacked: torch.Tensor, token_slots: torch.Tensor, block_r: int = 16,
+    block_k: int = 64,
+) -> torch.Tensor:  # fmt: skip
+    """`lora_shrink_ref` as a Triton kernel (one program per token and rank tile)."""
+    from inferengine.kernels.lora_kernels import lora_shrink_kernel
+
+    x, a_stacked = x.contiguous(), a_stacked.contiguous()
+    tokens, (_, rank, in_features) = x.shape[0], a_stacked.shape
+    out = torch.empty(tokens, rank, dtype=x.dtype, device=x.device)
+    if tokens:
+        grid = (tokens, -(-rank // block_r))
+        lora_shrink_kernel[grid](
+            x, a_stacked, token_slots, out, in_features, rank,
+            x.stride(0), a_stacked.stride(0), a_stacked.stride(1), out.stride(0),
+            BLOCK_R=block_r, BLOCK_K=block_k,
+        )  # fmt: skip
+    return out
+
+
+def lora_expand(
+    y: torch.Tensor, shrunk: torch.Tensor, b_stacked: torch.Tensor, token_slots: torch.Tensor,
+    scales: torch.Tensor, offset: int = 0, block_n: int = 64, block_r: int = 16,
+) -> torch.Tensor:  # fmt: skip
+    """`lora_expand_ref` as a Triton kernel (one program per token and output tile); y's rows
+    must be contiguous (stride 1 along features)."""
+    from inferengine.kernels.lora_kernels import lora_expand_kernel
+
+    assert y.stride(1) == 1, "y's features must be contiguous"
+    shrunk, b_stacked = shrunk.contiguous(), b_stacked.contiguous()
+    _, out_features, rank = b_stacked.shape
+    if y.shape[0]:
+        grid = (y.shape[0], -(-out_features // block_n))
+        lora_expand_kernel[grid](
+            shrunk, b_stacked, token_slots, scales, y, out_features, rank, offset,
+            shrunk.stride(0), b_stacked.stride(0), b_stacked.stride(1), y.stride(0),
+            BLOCK_N=block_n, BLOCK_R=block_r,
+        )  # fmt: skip
+    return y

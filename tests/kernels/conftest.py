@@ -24,6 +24,7 @@ KERNEL_MODULES = (
     "inferengine.kernels.attention_kernels",
     "inferengine.kernels.fused_kernels",
     "inferengine.kernels.fused_moe_kernels",
+    "inferengine.kernels.lora_kernels",
 )
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 

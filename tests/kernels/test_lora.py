@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from inferengine.kernels.lora import lora_expand_ref, lora_ref_loop, lora_shrink_ref
@@ -46,3 +47,18 @@ def test_a_step_without_adapters_adds_nothing_and_one_slot_serves_all():
     y = lora_expand_ref(torch.zeros(x.shape[0], b.shape[1]), lora_shrink_ref(x, a, every), b,
                         every, scales)  # fmt: skip
     torch.testing.assert_close(y, scales[2] * (x @ a[2].t() @ b[2].t()))
+
+
+def test_the_triton_pair_matches_the_reference(device):
+    """Interpreted on the CPU (TRITON_INTERPRET=1, tests/kernels/conftest.py) or on a GPU:
+    ragged token, rank and feature counts; a rank-3 adapter in rank-8 slots; −1 tokens."""
+    pytest.importorskip("triton")
+    from inferengine.kernels.lora import lora_expand, lora_shrink
+
+    x, a, b, token_slots, scales = (t.to(device) for t in _case(tokens=13, in_f=70, out_f=45))
+    shrunk = lora_shrink(x, a, token_slots, block_r=4, block_k=32)
+    torch.testing.assert_close(shrunk, lora_shrink_ref(x, a, token_slots))
+    fused = torch.randn(x.shape[0], 100, device=device)
+    want = lora_expand_ref(fused.clone(), shrunk, b, token_slots, scales, offset=30)
+    got = lora_expand(fused, shrunk, b, token_slots, scales, offset=30, block_n=16, block_r=4)
+    torch.testing.assert_close(got, want)
