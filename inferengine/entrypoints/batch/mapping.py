@@ -30,13 +30,20 @@ from inferengine.entrypoints.openai.protocol import (
 )
 from inferengine.entrypoints.openai.serving_chat import ServingChat
 from inferengine.entrypoints.openai.serving_completions import Prompt, ServingCompletion
+from inferengine.entrypoints.openai.serving_embedding import (
+    EmbeddingRequest,
+    embedding_inputs,
+    embedding_response,
+)
 from inferengine.entrypoints.openai.serving_engine import random_id, warn_unknown_fields
 from inferengine.errors import ConfigError, InferEngineError, InvalidRequestError
+from inferengine.pooling_params import PoolingParams, pooling_sampling_params
 from inferengine.retention import Retention
 from inferengine.sampling_params import SamplingParams
 
 COMPLETIONS_URL = "/v1/completions"
 CHAT_URL = "/v1/chat/completions"
+EMBEDDINGS_URL = "/v1/embeddings"  # OpenAI Batch rows only, on a pooling model
 _LINE_FIELDS = ("custom_id", "method", "url", "body")
 _NOT_IN_BATCH = ("stream", "stream_options")
 # Fields that hold lists or objects: a string cell holding JSON is decoded (CSV has only strings).
@@ -54,6 +61,7 @@ _JSON_FIELDS = (
 _FIELDS = {
     COMPLETIONS_URL: set(CompletionRequest.model_fields) - set(_NOT_IN_BATCH),
     CHAT_URL: set(ChatCompletionRequest.model_fields) - set(_NOT_IN_BATCH),
+    EMBEDDINGS_URL: set(EmbeddingRequest.model_fields),
 }
 
 
@@ -75,7 +83,7 @@ class Job:
     """One row in the engine: one engine request per prompt (a completion body may have several)."""
 
     row: InputRow
-    req: CompletionRequest | ChatCompletionRequest
+    req: CompletionRequest | ChatCompletionRequest | EmbeddingRequest
     request_id: str
     prompts: list[Any]  # completions: `Prompt`s; chat: one engine input dict
     params: list[SamplingParams]
@@ -83,6 +91,7 @@ class Job:
     reader: Any = None  # chat: how to read the reply (`ReplyReader`)
     remaining: int = 0  # engine requests not finished yet
     finals: list[Any] = field(default_factory=list)  # each prompt's final RequestOutput
+    pooling: PoolingParams | None = None  # embeddings rows
 
     def engine_inputs(self) -> list[dict[str, Any]]:
         return [p.engine_input() if isinstance(p, Prompt) else p for p in self.prompts]
@@ -91,6 +100,8 @@ class Job:
 class RowMapper:
     def __init__(self, engine: LLMEngine, fmt: str, defaults: dict[str, Any] | None = None):
         view = _EngineView(engine.config.model_config, engine.tokenizer, engine.input_processor)
+        self.model_config, self.tokenizer = view.model_config, view.tokenizer
+        self.model_name = view.model_config.name
         self.completions = ServingCompletion(view, log_requests=False)  # type: ignore[arg-type]
         self.chat = ServingChat(view, log_requests=False)  # type: ignore[arg-type]
         self.fmt = fmt
@@ -122,6 +133,8 @@ class RowMapper:
             url, body = _openai_body(row.data)
         else:
             url, body = self._plain_body(row.data)
+        if url == EMBEDDINGS_URL:
+            return self._embedding_job(row, body)
         if url == COMPLETIONS_URL:
             req = CompletionRequest.model_validate(body)
             prompts, params, retention = self.completions.prepare(req)
@@ -136,6 +149,16 @@ class RowMapper:
             job = Job(row, req, random_id("chatcmpl"), [prompt], [sampling], retention)
             job.reader = reader
         job.finals = [None] * len(job.prompts)
+        return job
+
+    def _embedding_job(self, row: InputRow, body: dict[str, Any]) -> Job:
+        req = EmbeddingRequest.model_validate(body)
+        mc = self.model_config
+        lists, pooling = embedding_inputs(req, mc.pooler, self.tokenizer, mc.max_model_len)
+        prompts = [{"prompt_token_ids": ids} for ids in lists]
+        params = [pooling_sampling_params() for _ in lists]
+        job = Job(row, req, random_id("embd"), prompts, params, Retention(), pooling=pooling)
+        job.finals = [None] * len(prompts)
         return job
 
     def _plain_body(self, data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -163,6 +186,15 @@ class RowMapper:
         """The record of a finished job; raises when the engine failed a request (as the server
         does)."""
         body: CompletionResponse | ChatCompletionResponse
+        if isinstance(job.req, EmbeddingRequest):
+            lists = [p["prompt_token_ids"] for p in job.prompts]
+            reply = embedding_response(job.request_id, job.req, lists, job.finals, self.model_name)
+            response = {
+                "status_code": 200,
+                "request_id": job.request_id,
+                "body": reply.model_dump(),
+            }
+            return self._openai_record(job.row, response, None)
         if isinstance(job.req, CompletionRequest):
             body = self.completions.response(job.request_id, job.req, job.prompts, job.finals)
             text = body.choices[0].text
@@ -227,7 +259,9 @@ def _openai_body(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         raise RowError(f"method must be POST, got {data.get('method')!r}.")
     url = data.get("url")
     if url not in _FIELDS:
-        raise RowError(f"url {url!r} is not supported; use {COMPLETIONS_URL} or {CHAT_URL}.")
+        raise RowError(
+            f"url {url!r} is not supported; use {COMPLETIONS_URL}, {CHAT_URL} or {EMBEDDINGS_URL}."
+        )
     body = data.get("body")
     if not isinstance(body, dict):
         raise RowError("`body` must be a JSON object: the request the url would receive.")

@@ -187,8 +187,9 @@ class BatchRunner:
                     prompt,
                     params,
                     priority=job.req.priority,
-                    cache_salt=job.req.cache_salt,
+                    cache_salt=getattr(job.req, "cache_salt", None),
                     retention=job.retention,
+                    pooling_params=job.pooling,
                 )
                 added.append(request_id)
                 self._requests[request_id] = (job, i)
@@ -212,7 +213,8 @@ class BatchRunner:
             job, i = entry
             job.finals[i] = output
             job.remaining -= 1
-            self.summary.output_tokens += sum(len(c.token_ids) for c in output.outputs)
+            if job.pooling is None:  # a pooling request's one token is dropped
+                self.summary.output_tokens += sum(len(c.token_ids) for c in output.outputs)
             if job.remaining:
                 continue
             try:

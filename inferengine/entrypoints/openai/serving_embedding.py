@@ -15,6 +15,7 @@ from inferengine.entrypoints.openai.streaming import close_streams, merge_stream
 from inferengine.errors import InvalidRequestError
 from inferengine.outputs import RequestOutput
 from inferengine.pooling_params import (
+    PoolerConfig,
     PoolingParams,
     check_task,
     pooling_sampling_params,
@@ -97,6 +98,55 @@ def truncate(ids: list[int], keep: int | None, max_model_len: int, index: int) -
     return ids
 
 
+def embedding_inputs(
+    req: EmbeddingRequest, pooler: PoolerConfig | None, tokenizer: Any, max_model_len: int
+) -> tuple[list[list[int]], PoolingParams]:
+    """The request's token lists and pooling, or the 400 that refuses it (shared with
+    run-batch)."""
+    if req.model_extra:
+        name = sorted(req.model_extra)[0]
+        raise InvalidRequestError(f"/v1/embeddings does not take {name!r}.", param=name)
+    check_task(pooler, "embed")
+    lists = as_token_lists(req.input, tokenizer, req.add_special_tokens)
+    if len(lists) > MAX_INPUTS:
+        raise InvalidRequestError(
+            f"{len(lists)} inputs in one request; at most {MAX_INPUTS}.", param="input"
+        )
+    lists = [
+        truncate(ids, req.truncate_prompt_tokens, max_model_len, i) for i, ids in enumerate(lists)
+    ]
+    params = PoolingParams(dimensions=req.dimensions, normalize=req.normalize)
+    resolve_pooling(pooler, params)
+    return lists, params
+
+
+def embedding_response(
+    request_id: str,
+    req: EmbeddingRequest,
+    lists: list[list[int]],
+    outputs: list[RequestOutput],
+    model_name: str,
+) -> EmbeddingResponse:
+    data = []
+    for i, out in enumerate(outputs):
+        if out.error is not None or out.pooled is None:
+            raise InvalidRequestError(out.error or f"input {i} ended without an embedding.")
+        vector: list[float] | str = (
+            base64.b64encode(out.pooled).decode()
+            if req.encoding_format == "base64"
+            else out.embedding or []
+        )
+        data.append(EmbeddingData(index=i, embedding=vector))
+    tokens = sum(len(ids) for ids in lists)
+    return EmbeddingResponse(
+        id=request_id,
+        created=int(time.time()),
+        model=model_name,
+        data=data,
+        usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
+    )
+
+
 class ServingPooling(OpenAIServing):
     """Prompt-only requests: one pooling request per input, batched by the scheduler."""
 
@@ -135,36 +185,10 @@ class ServingPooling(OpenAIServing):
 
     async def embeddings(self, req: EmbeddingRequest) -> EmbeddingResponse:
         self.check_model(req.model)
-        if req.model_extra:
-            raise InvalidRequestError(
-                f"/v1/embeddings does not take {sorted(req.model_extra)[0]!r}.",
-                param=sorted(req.model_extra)[0],
-            )
-        check_task(self.model_config.pooler, "embed")
-        lists = as_token_lists(req.input, self.tokenizer, req.add_special_tokens)
-        lists = [
-            truncate(ids, req.truncate_prompt_tokens, self.max_model_len, i)
-            for i, ids in enumerate(lists)
-        ]
-        params = PoolingParams(dimensions=req.dimensions, normalize=req.normalize)
+        pooler = self.model_config.pooler
+        lists, params = embedding_inputs(req, pooler, self.tokenizer, self.max_model_len)
         request_id, outputs = await self.pool(lists, params, req.priority, "embd")
-        data = []
-        for i, out in enumerate(outputs):
-            assert out.pooled is not None
-            vector: list[float] | str = (
-                base64.b64encode(out.pooled).decode()
-                if req.encoding_format == "base64"
-                else out.embedding or []
-            )
-            data.append(EmbeddingData(index=i, embedding=vector))
-        tokens = sum(len(ids) for ids in lists)
-        return EmbeddingResponse(
-            id=request_id,
-            created=int(time.time()),
-            model=self.model_name,
-            data=data,
-            usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
-        )
+        return embedding_response(request_id, req, lists, outputs, self.model_name)
 
 
 def pooling_handler(request: Request) -> ServingPooling:

@@ -31,7 +31,7 @@ def test_bad_openai_rows_give_error_records(batch_llm, tmp_path, warnings):
     bad = {
         "invalid-json": '{"custom_id": "x", "method": ',
         "not-an-object": "[1, 2, 3]",
-        "wrong-url": {**openai_line("wrong-url", GOOD), "url": "/v1/embeddings"},
+        "wrong-url": {**openai_line("wrong-url", GOOD), "url": "/v1/audio/speech"},
         "wrong-method": {**openai_line("wrong-method", GOOD), "method": "GET"},
         "too-long": openai_line("too-long", {**GOOD, "prompt": LONG_PROMPT}),
         "bad-top-p": openai_line("bad-top-p", {**GOOD, "top_p": 5}),
