@@ -36,7 +36,6 @@ def lora_config_from_args(
         (not native, "models run through the Transformers fallback (--model-impl transformers)"),
         (pooling, "pooling models (--runner pooling)"),
         (parallel.pipeline_parallel_size > 1, "--pipeline-parallel-size over 1"),
-        (parallel.tensor_parallel_size > 1, "--tensor-parallel-size over 1"),
         (parallel.data_parallel_size > 1, "--data-parallel-size over 1"),
         (kv_transfer, "disaggregated prefill/decode (--kv-transfer-config)"),
         (

@@ -91,7 +91,6 @@ def test_requests_are_refused_before_they_run(base, good, tmp_path):
         (dict(enable_runtime_lora=True), "add --enable-lora"),
         (dict(enable_lora=True, max_lora_rank=300), "--max-lora-rank must be 1 to 256"),
         (dict(enable_lora=True, max_loras=4, max_cpu_loras=2), "--max-cpu-loras"),
-        (dict(enable_lora=True, tensor_parallel_size=2), "--tensor-parallel-size"),
         (dict(enable_lora=True, pipeline_parallel_size=2), "--pipeline-parallel-size"),
         (dict(enable_lora=True, model_impl="transformers"), "Transformers fallback"),
     ],
