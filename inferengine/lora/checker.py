@@ -17,13 +17,22 @@ class AdapterChecker:
         self.hf_config = hf_config
         self.max_rank = max_rank
         self._checked: dict[tuple[int, str], AdapterSpec] = {}
+        self._paths: dict[int, str] = {}  # id -> the one folder it names
 
     def check(self, lora: LoRARequest) -> AdapterSpec:
         key = (lora.lora_int_id, lora.lora_path)
         spec = self._checked.get(key)
         if spec is None:
+            other = self._paths.get(lora.lora_int_id)
+            if other is not None and other != lora.lora_path:
+                raise LoRAError(
+                    f"lora_int_id {lora.lora_int_id} already names the adapter at {other!r}; "
+                    f"give {lora.lora_path!r} its own id (ids key the adapter slots and the "
+                    "prefix cache)."
+                )
             spec = check_adapter(lora.lora_path, self.hf_config, self.max_rank)
             self._checked[key] = spec
+            self._paths[lora.lora_int_id] = lora.lora_path
         return spec
 
 

@@ -122,6 +122,7 @@ class LoRASlots:
         self.host: OrderedDict[int, _Loaded] = OrderedDict()  # adapter id -> tensors (LRU)
         self.slot_of: OrderedDict[int, int] = OrderedDict()  # adapter id -> slot (LRU)
         self.requests: dict[str, LoRARequest | None] = {}
+        self.num_installs = 0  # adapters copied into a slot (swaps included)
         self.live = live
 
     def _wrap(self, layer: nn.Module, stacked) -> None:
@@ -175,6 +176,7 @@ class LoRASlots:
             target.slice.a[slot, :rank].copy_(a)
             target.slice.b[slot, :, :rank].copy_(b)
         self.step.scales[slot] = spec.scale
+        self.num_installs += 1
 
     def _slot_for(self, lora: LoRARequest, in_use: set[int]) -> int:
         slot = self.slot_of.get(lora.lora_int_id)

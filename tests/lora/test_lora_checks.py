@@ -11,6 +11,7 @@ import pytest
 from inferengine import LLM, SamplingParams
 from inferengine.core.hashing import hash_prompt_blocks
 from inferengine.errors import ConfigError, InvalidRequestError
+from inferengine.lora.checker import AdapterChecker
 from inferengine.lora.peft import LoRAError, check_adapter
 from inferengine.lora.request import LoRARequest, admits_adapter
 from tests.lora.adapters import make_adapter
@@ -36,6 +37,10 @@ def test_a_good_adapter_reads_its_rank_scale_and_modules(good, hf_config):
     assert spec.rank == 8 and spec.scale == 2.0
     assert len(spec.modules) == 2 * hf_config["num_hidden_layers"]
     assert "model.layers.0.self_attn.q_proj" in spec.modules
+    checker = AdapterChecker(hf_config, max_rank=8)
+    assert checker.check(LoRARequest("a", 1, str(good))) == spec
+    with pytest.raises(LoRAError, match="already names the adapter"):
+        checker.check(LoRARequest("b", 1, str(good) + "-copy"))
 
 
 @pytest.mark.parametrize(

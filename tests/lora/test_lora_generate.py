@@ -63,6 +63,8 @@ def test_mixed_adapters_match_peft_through_chunked_prefill_preemption_and_swaps(
     expected = _expected(base, [r4, r8, r16], prompts, assignment)
     assert ours == expected
     assert llm.llm_engine.core.scheduler.num_preemptions > 0
+    slots = llm.llm_engine.core.executor.worker.runner.lora
+    assert slots.num_installs >= 3  # three adapters through two slots
     # Each adapter changes what the base says (else the comparison above proves little).
     plain = _expected(base, [], prompts, [None] * len(prompts))
     for lora in (r4, r8, r16):
