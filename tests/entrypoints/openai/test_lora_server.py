@@ -130,3 +130,22 @@ def test_runtime_updates_and_modules_need_their_flags(tiny_checkpoint, tmp_path)
         assert "--enable-runtime-lora" in reply.json()["error"]["message"]
     finally:
         http.__exit__(None, None, None)
+
+
+def test_the_serve_flags_in_vllm_spelling():
+    from inferengine.entrypoints.cli.main import build_parser
+
+    json_form = '{"name": "b", "path": "/y", "base_model_name": "m"}'
+    args = build_parser().parse_args(
+        ["serve", "m", "--enable-lora", "--lora-modules", "a=/x", json_form, "--max-loras", "3",
+         "--max-lora-rank", "64", "--max-cpu-loras", "8", "--enable-runtime-lora"]
+    )  # fmt: skip
+    assert args.lora_modules == ["a=/x", json_form]
+    engine = EngineArgs.from_cli_args(args)
+    assert (engine.enable_lora, engine.max_loras, engine.max_lora_rank) == (True, 3, 64)
+    assert (engine.max_cpu_loras, engine.enable_runtime_lora) == (8, True)
+    from inferengine.lora.registry import LoRAModule, parse_lora_module
+
+    assert parse_lora_module(json_form) == LoRAModule("b", "/y", "m")
+    with pytest.raises(ConfigError, match="name=path"):
+        parse_lora_module("just-a-path")
