@@ -30,11 +30,13 @@ class PoolingParams(msgspec.Struct, omit_defaults=True):
     # classify (yes/no rerankers): the vector is [P(second)], the softmax over the LM head's
     # logits of these two tokens at the last prompt token
     score_token_ids: list[int] | None = None
+    # an encoder's prompt: attended bidirectionally, so run whole in one step, with no hits
+    bidirectional: bool = False
 
     @property
     def needs_every_token(self) -> bool:
         """MEAN and CLS read positions a prefix-cache hit would skip: such requests take none."""
-        return self.pooling_type not in (None, "LAST")
+        return self.bidirectional or self.pooling_type not in (None, "LAST")
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class PoolerConfig:
     normalize: bool = True
     task: str = "embed"  # embed (vectors) or classify (a yes/no score per prompt)
     score_token_ids: tuple[int, int] | None = None  # classify: the (no, yes) token ids
+    bidirectional: bool = False  # an encoder (BERT, XLM-RoBERTa)
+    max_positions: int = 0  # an encoder's prompt limit (its position table)
     # Matryoshka: the widths the model was trained to be cut to (None: any up to hidden_size)
     matryoshka_dimensions: tuple[int, ...] | None = None
     hidden_size: int = 0
@@ -94,6 +98,7 @@ def resolve_pooling(
         dimensions=dims,
         normalize=pooler.normalize if params.normalize is None else params.normalize,
         pooling_type=pooler.pooling_type,
+        bidirectional=pooler.bidirectional,
     )
     if dims is None:
         return full

@@ -27,6 +27,8 @@ BUILTIN_ARCHITECTURES = frozenset(
         "MixtralForCausalLM",
         "Qwen3MoeForCausalLM",
         "Phi3ForCausalLM",
+        "BertModel",  # encoders: pooling only (checkpoint/pooling.py)
+        "XLMRobertaModel",
     }
 )
 _registered: set[str] = set()  # added by register_model (model/registry.py keeps the classes)

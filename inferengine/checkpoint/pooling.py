@@ -14,7 +14,9 @@ from inferengine.pooling_params import CONVERTS, RUNNERS, PoolerConfig
 POOLING_ARCHITECTURES = frozenset(
     {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 )
-# Pooling-only checkpoint architectures not built yet (encoders, headless decoders).
+# Encoders (model/bert.py): bidirectional attention; positions start after XLM-R's padding id.
+ENCODER_ARCHITECTURES = frozenset({"BertModel", "XLMRobertaModel"})
+# Pooling-only checkpoint architectures not built yet (other encoders, headless decoders).
 _NOT_BUILT = ("Model", "ForSequenceClassification", "ForMaskedLM")
 _ST_POOLING = "sentence_transformers.models.Pooling"
 _ST_NORMALIZE = "sentence_transformers.models.Normalize"
@@ -55,11 +57,13 @@ def resolve_pooler(
         raise ConfigError("--convert none leaves no pooler: a pooling model needs --convert embed.")
     if convert == "classify" and arch in POOLING_ARCHITECTURES:
         return _yes_no_scorer(path, hf_config)
+    if arch in ENCODER_ARCHITECTURES:
+        return _encoder(path, modules, hf_config, arch)
     if arch not in POOLING_ARCHITECTURES:
         raise ConfigError(
-            f"pooling (embeddings) runs decoder architectures {sorted(POOLING_ARCHITECTURES)} "
-            f"with last-token or mean pooling; {arch!r} is not built yet (encoder-only BERT / "
-            "XLM-RoBERTa and headless *Model checkpoints among them)."
+            f"pooling runs decoders {sorted(POOLING_ARCHITECTURES)} and encoders "
+            f"{sorted(ENCODER_ARCHITECTURES)}; {arch!r} is not built yet (classification "
+            "heads and headless decoder *Model checkpoints among them)."
         )
     config = _from_sentence_transformers(path, modules) if modules is not None else {}
     dims = hf_config.get("matryoshka_dimensions")
@@ -134,3 +138,39 @@ def _yes_no_scorer(path: Path, hf_config: dict[str, Any]) -> PoolerConfig:
         hidden_size=int(hf_config["hidden_size"]),
         source="classifier_from_token",
     )
+
+
+def _encoder(
+    path: Path, modules: list[dict[str, Any]] | None, hf_config: dict[str, Any], arch: str
+) -> PoolerConfig:
+    """An encoder embeds (CLS pooling unless its Sentence-Transformers files say otherwise)."""
+    config = _from_sentence_transformers(path, modules) if modules is not None else {}
+    offset = int(hf_config.get("pad_token_id", 1)) + 1 if arch == "XLMRobertaModel" else 0
+    return PoolerConfig(
+        pooling_type=config.get("pooling_type", "CLS"),
+        normalize=config.get("normalize", True),
+        hidden_size=int(hf_config["hidden_size"]),
+        source="sentence-transformers" if modules is not None else "default",
+        bidirectional=True,
+        max_positions=int(hf_config["max_position_embeddings"]) - offset,
+    )
+
+
+def encoder_limits(
+    pooler: PoolerConfig, max_model_len: int, budget: int, args: Any
+) -> tuple[int, int]:
+    """An encoder runs each prompt whole in one step: the step budget covers max_model_len,
+    which stays within the position table (XLM-R's starts at padding_idx + 1)."""
+    if max_model_len > pooler.max_positions:
+        if args.max_model_len is not None:
+            raise ConfigError(
+                f"--max-model-len {max_model_len} is longer than this encoder's "
+                f"{pooler.max_positions} positions."
+            )
+        max_model_len = pooler.max_positions
+    if budget < max_model_len and args.max_num_batched_tokens is not None:
+        raise ConfigError(
+            f"an encoder runs each prompt in one step: --max-num-batched-tokens ({budget}) "
+            f"must cover --max-model-len ({max_model_len})."
+        )
+    return max_model_len, max(budget, max_model_len)

@@ -238,6 +238,8 @@ class Scheduler:
             num_hit_tokens += len(host_hits) * self.block_size
             num_computed = request.num_computed_tokens + num_hit_tokens
             num_new = min(request.num_tokens - num_computed, self._chunk_cap(budget))
+            if num_new < request.num_tokens - num_computed and _whole_prompt(request):
+                break  # an encoder's prompt runs in one step: it waits for one with room
             new_blocks = kv.allocate_slots(request, num_new, hits, num_hit_tokens, host_hits)
             if new_blocks is None:
                 break
@@ -489,3 +491,7 @@ class Scheduler:
             kv_transfer=self.kv_connector.make_stats(),
             lora=lora_stats(self.running, self.waiting, self.config.max_loras),
         )
+
+
+def _whole_prompt(request: Request) -> bool:
+    return request.pooling_params is not None and request.pooling_params.bidirectional

@@ -17,7 +17,7 @@ from typing import Any
 from inferengine import envs
 from inferengine.checkpoint.aliases import ALIASES, DEFAULT_MODEL
 from inferengine.checkpoint.architecture import choose_implementation, fallback_hf_config
-from inferengine.checkpoint.pooling import resolve_pooler
+from inferengine.checkpoint.pooling import encoder_limits, resolve_pooler
 from inferengine.checkpoint.quantization import resolve_quantization
 from inferengine.checkpoint.resolve import resolve_model
 from inferengine.config import (
@@ -141,6 +141,8 @@ class EngineArgs:
         budget = self.max_num_batched_tokens
         if budget is None:
             budget = 8192 if device == "cuda" else 2048
+        if pooler is not None and pooler.bidirectional:
+            max_model_len, budget = encoder_limits(pooler, max_model_len, budget, self)
         speculative = _speculative_config(self.speculative_config)
         model_config = ModelConfig(
             model=self.model,

@@ -23,6 +23,8 @@ _BUILTIN = {
     "MistralForCausalLM": "inferengine.model.llama:MistralForCausalLM",
     "Qwen2ForCausalLM": "inferengine.model.llama:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "inferengine.model.llama:Qwen3ForCausalLM",
+    "BertModel": "inferengine.model.bert:BertModel",
+    "XLMRobertaModel": "inferengine.model.bert:XLMRobertaModel",
     "Gemma2ForCausalLM": "inferengine.model.gemma:Gemma2ForCausalLM",
     "Gemma3ForCausalLM": "inferengine.model.gemma:Gemma3ForCausalLM",
     "Gemma3ForConditionalGeneration": "inferengine.model.gemma3_mm:Gemma3ForConditionalGeneration",

@@ -50,6 +50,9 @@ class AttentionSpec:
     # applies them when the cache it is given is fp8 and ignores them otherwise.
     k_scale: float = 1.0
     v_scale: float = 1.0
+    # False: every query sees every key of its sequence (encoders, `model/bert.py`; the cpu and
+    # torch backends only, over whole prompts)
+    causal: bool = True
 
 
 class AttentionBackend(ABC):

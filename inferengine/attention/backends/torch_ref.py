@@ -113,6 +113,8 @@ def attend_chunk(
     v = dequantize(v, spec.v_scale, query.dtype).transpose(0, 1)
     q = query.transpose(0, 1)  # [Hq, q_len, D]
     mask = causal_mask(query.shape[0], seq_len, spec.sliding_window, query.device)
+    if not spec.causal:
+        mask = torch.ones_like(mask)
     if batched:
         return attend(q[None], k[None], v[None], mask, spec)[0].transpose(0, 1)
     return attend(q, k, v, mask, spec).transpose(0, 1)
