@@ -84,6 +84,24 @@ def test_requests_pick_adapters_by_model_in_one_batch(served):
     assert want["r4"] != want[None] and want["r8"] != want[None]
 
 
+def test_chat_responses_and_messages_take_the_adapter_by_model(served):
+    http, _, _ = served
+    chat = {"messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 8,
+            "temperature": 0}  # fmt: skip
+
+    def reply(model: str | None) -> str:
+        r = http.post("/v1/chat/completions", json=chat | ({"model": model} if model else {}))
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    assert reply("r8") == reply("r8") != reply(None)
+    body = {"model": "r8", "input": "Hi there", "max_output_tokens": 8, "temperature": 0}
+    assert http.post("/v1/responses", json=body).status_code == 200
+    messages = {"model": "r8", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}
+    assert http.post("/v1/messages", json=messages).status_code == 200
+    assert http.post("/v1/messages", json=messages | {"model": "nope"}).status_code == 404
+
+
 def test_an_unknown_model_is_404_model_not_found(served):
     http, _, _ = served
     reply = _generate(http, "no-such-adapter")
