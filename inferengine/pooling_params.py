@@ -32,6 +32,8 @@ class PoolingParams(msgspec.Struct, omit_defaults=True):
     score_token_ids: list[int] | None = None
     # an encoder's prompt: attended bidirectionally, so run whole in one step, with no hits
     bidirectional: bool = False
+    # classify with the model's own head (a cross-encoder): [sigmoid(logit)] of the CLS row
+    score_head: bool = False
 
     @property
     def needs_every_token(self) -> bool:
@@ -87,8 +89,14 @@ def resolve_pooling(
                 "this model scores (--convert classify): dimensions and normalize do not apply.",
                 param="dimensions" if dims is not None else "normalize",
             )
-        ids = list(pooler.score_token_ids or ())
-        return PoolingParams(normalize=False, pooling_type="LAST", score_token_ids=ids)
+        ids = list(pooler.score_token_ids) if pooler.score_token_ids else None
+        return PoolingParams(
+            normalize=False,
+            pooling_type=pooler.pooling_type,
+            score_token_ids=ids,
+            score_head=ids is None,
+            bidirectional=pooler.bidirectional,
+        )
     if params.pooling_type is not None and params.pooling_type != pooler.pooling_type:
         raise InvalidRequestError(
             f"this model pools {pooler.pooling_type}; a request cannot change it.",

@@ -29,6 +29,7 @@ BUILTIN_ARCHITECTURES = frozenset(
         "Phi3ForCausalLM",
         "BertModel",  # encoders: pooling only (checkpoint/pooling.py)
         "XLMRobertaModel",
+        "XLMRobertaForSequenceClassification",
     }
 )
 _registered: set[str] = set()  # added by register_model (model/registry.py keeps the classes)

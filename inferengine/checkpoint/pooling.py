@@ -16,6 +16,7 @@ POOLING_ARCHITECTURES = frozenset(
 )
 # Encoders (model/bert.py): bidirectional attention; positions start after XLM-R's padding id.
 ENCODER_ARCHITECTURES = frozenset({"BertModel", "XLMRobertaModel"})
+CROSS_ENCODERS = frozenset({"XLMRobertaForSequenceClassification"})  # one-logit rerankers
 # Pooling-only checkpoint architectures not built yet (other encoders, headless decoders).
 _NOT_BUILT = ("Model", "ForSequenceClassification", "ForMaskedLM")
 _ST_POOLING = "sentence_transformers.models.Pooling"
@@ -57,7 +58,7 @@ def resolve_pooler(
         raise ConfigError("--convert none leaves no pooler: a pooling model needs --convert embed.")
     if convert == "classify" and arch in POOLING_ARCHITECTURES:
         return _yes_no_scorer(path, hf_config)
-    if arch in ENCODER_ARCHITECTURES:
+    if arch in ENCODER_ARCHITECTURES or arch in CROSS_ENCODERS:
         return _encoder(path, modules, hf_config, arch)
     if arch not in POOLING_ARCHITECTURES:
         raise ConfigError(
@@ -145,10 +146,12 @@ def _encoder(
 ) -> PoolerConfig:
     """An encoder embeds (CLS pooling unless its Sentence-Transformers files say otherwise)."""
     config = _from_sentence_transformers(path, modules) if modules is not None else {}
-    offset = int(hf_config.get("pad_token_id", 1)) + 1 if arch == "XLMRobertaModel" else 0
+    offset = int(hf_config.get("pad_token_id", 1)) + 1 if arch.startswith("XLMRoberta") else 0
+    cross = arch in CROSS_ENCODERS
     return PoolerConfig(
-        pooling_type=config.get("pooling_type", "CLS"),
-        normalize=config.get("normalize", True),
+        pooling_type="CLS" if cross else config.get("pooling_type", "CLS"),
+        normalize=False if cross else config.get("normalize", True),
+        task="classify" if cross else "embed",
         hidden_size=int(hf_config["hidden_size"]),
         source="sentence-transformers" if modules is not None else "default",
         bidirectional=True,

@@ -160,7 +160,7 @@ class LLM:
         keep = truncate_prompt_tokens
         if pooler.task == "classify":
             tok = self.get_tokenizer()
-            prompts = [pair_ids(tok, q, d) for q, d in pairs]
+            prompts = [pair_ids(tok, q, d, pooler.bidirectional) for q, d in pairs]
             if keep is not None:
                 prompts = [self._truncated(p, keep) for p in prompts]
             outs = self._pool(prompts, PoolingParams(), use_tqdm)

@@ -26,9 +26,12 @@ def pair_up(text_1: str | list[str], text_2: str | list[str]) -> list[tuple[str,
     return list(zip(first, second, strict=True))
 
 
-def pair_ids(tokenizer: Any, query: str, document: str) -> list[int]:
-    """A cross-encoder's prompt: the query (with the tokenizer's special tokens), then the
-    document (without); the reranker's own template, if any, is part of the texts."""
+def pair_ids(tokenizer: Any, query: str, document: str, encoder: bool = False) -> list[int]:
+    """A reranker's prompt. An encoder's is the tokenizer's text pair (XLM-R: <s> q </s></s>
+    d </s>); a decoder's is the query (with the tokenizer's special tokens), then the
+    document (without), its own template, if any, being part of the texts."""
+    if encoder:
+        return list(tokenizer(query, document)["input_ids"])
     return tokenizer.encode(query) + tokenizer.encode(document, add_special_tokens=False)
 
 

@@ -23,7 +23,7 @@ from inferengine.model.weights import default_weight_loader
 
 NON_CAUSAL_BACKENDS = ("cpu", "torch")
 _PREFIXES = ("bert.", "roberta.", "model.")
-_UNUSED = ("pooler.", "cls.", "lm_head.", "embeddings.position_ids", "classifier.")
+_UNUSED = ("pooler.", "cls.", "lm_head.", "embeddings.position_ids")
 
 
 class BertLayer(nn.Module):
@@ -56,6 +56,7 @@ class BertLayer(nn.Module):
 
 class BertModel(nn.Module):
     position_offset = 0  # XLM-RoBERTa counts positions from padding_idx + 1
+    scores = False  # a cross-encoder's classification head (XLMRobertaForSequenceClassification)
 
     def __init__(self, init: ModelInit):
         super().__init__()
@@ -104,7 +105,7 @@ class BertModel(nn.Module):
         for name, tensor in weights:
             for prefix in _PREFIXES:
                 name = name.removeprefix(prefix)
-            if name.startswith(_UNUSED):
+            if name.startswith(_UNUSED) or (name.startswith("classifier.") and not self.scores):
                 continue
             target = _our_name(name)
             if target not in params:
@@ -122,6 +123,27 @@ class XLMRobertaModel(BertModel):
         self.position_offset = int(init.hf_config.get("pad_token_id", 1)) + 1
 
 
+class XLMRobertaForSequenceClassification(XLMRobertaModel):
+    """A cross-encoder reranker (bge-reranker-v2-m3): one logit from the CLS row, dense + tanh
+    then a projection, as RobertaClassificationHead; the score is its sigmoid."""
+
+    scores = True
+
+    def __init__(self, init: ModelInit):
+        super().__init__(init)
+        c = init.hf_config
+        if c.get("num_labels", len(c.get("id2label") or {0: 0})) != 1:
+            raise ConfigError(
+                "cross-encoders with one label (a relevance logit) are built, not more."
+            )
+        hidden = c["hidden_size"]
+        self.classifier_dense = nn.Linear(hidden, hidden)
+        self.classifier_out = nn.Linear(hidden, 1)
+
+    def classify(self, cls_rows: torch.Tensor) -> torch.Tensor:
+        return self.classifier_out(torch.tanh(self.classifier_dense(cls_rows)))
+
+
 _RENAMES = (
     ("encoder.layer.", "layers."),
     (".attention.self.query.", ".query."),
@@ -132,6 +154,8 @@ _RENAMES = (
     (".intermediate.dense.", ".intermediate."),
     (".output.dense.", ".output."),
     (".output.LayerNorm.", ".out_norm."),
+    ("classifier.dense.", "classifier_dense."),
+    ("classifier.out_proj.", "classifier_out."),
 )
 
 

@@ -25,6 +25,7 @@ _BUILTIN = {
     "Qwen3ForCausalLM": "inferengine.model.llama:Qwen3ForCausalLM",
     "BertModel": "inferengine.model.bert:BertModel",
     "XLMRobertaModel": "inferengine.model.bert:XLMRobertaModel",
+    "XLMRobertaForSequenceClassification": "inferengine.model.bert:XLMRobertaForSequenceClassification",
     "Gemma2ForCausalLM": "inferengine.model.gemma:Gemma2ForCausalLM",
     "Gemma3ForCausalLM": "inferengine.model.gemma:Gemma3ForCausalLM",
     "Gemma3ForConditionalGeneration": "inferengine.model.gemma3_mm:Gemma3ForConditionalGeneration",

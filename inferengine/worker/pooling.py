@@ -64,6 +64,10 @@ class PoolingRunner:
                 pooled = pool_rows(params.pooling_type, rows, start, self.partial.get(req_id))
                 if start + n >= num_prompt and params.score_token_ids is not None:
                     pooled = self._yes_no(rows[-1:], params.score_token_ids)
+                elif start + n >= num_prompt and params.score_head:
+                    pooled = torch.sigmoid(
+                        self.model.classify(pooled[None].to(rows.dtype))[0].float()
+                    )
                 if start + n >= num_prompt:
                     if params.pooling_type == "MEAN":
                         pooled = pooled / num_prompt

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from inferengine.entrypoints.llm import LLM
-from inferengine.errors import ConfigError
+from inferengine.errors import ConfigError, InvalidRequestError
 from tests.conftest import VOCAB_SIZE, build_tokenizer
 
 PROMPTS = [[5 + (i * 7) % 90 for i in range(n)] for n in (1, 9, 40, 100)]
@@ -96,3 +96,39 @@ def test_encoder_limits(tmp_path):
         LLM(str(folder), max_num_batched_tokens=64)
     llm = LLM(str(folder), dtype="float32", max_num_batched_tokens=64, max_model_len=64)
     assert len(llm.embed(list(range(5, 69)), use_tqdm=False)[0].outputs.embedding) == 64
+
+
+def test_cross_encoder_scores_equal_transformers(tmp_path):
+    """XLMRobertaForSequenceClassification with one label (bge-reranker-v2-m3's shape): the
+    score is the sigmoid of the head's logit on the tokenizer's text pair."""
+    import transformers
+
+    config = transformers.XLMRobertaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=130,
+        num_labels=1,
+    )
+    torch.manual_seed(1)
+    model = transformers.XLMRobertaForSequenceClassification(config).eval()
+    folder = tmp_path / "cross"
+    model.save_pretrained(folder)
+    tok = build_tokenizer()
+    tok.save_pretrained(folder)
+    query, docs = (
+        "Where is Paris?",
+        ["Paris is the capital of France.", "The quick brown fox", "hi"],
+    )
+    llm = LLM(str(folder), dtype="float32")
+    got = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False)]
+    with torch.no_grad():
+        want = [
+            float(torch.sigmoid(model(torch.tensor([tok(query, d)["input_ids"]])).logits[0, 0]))
+            for d in docs
+        ]
+    assert got == pytest.approx(want, abs=1e-5)
+    with pytest.raises(InvalidRequestError, match="score"):
+        llm.embed("hello", use_tqdm=False)

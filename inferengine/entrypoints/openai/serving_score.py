@@ -98,7 +98,10 @@ async def score_pairs(
     assert pooler is not None
     tok, max_len = serving.tokenizer, serving.max_model_len
     if pooler.task == "classify":
-        lists = [truncate(pair_ids(tok, q, d), keep, max_len, i) for i, (q, d) in enumerate(pairs)]
+        lists = [
+            truncate(pair_ids(tok, q, d, pooler.bidirectional), keep, max_len, i)
+            for i, (q, d) in enumerate(pairs)
+        ]
         request_id, outs = await serving.pool(lists, PoolingParams(), priority, "score")
         scores = [first_float(o.pooled or b"") for o in outs]
         return request_id, scores, sum(map(len, lists))
