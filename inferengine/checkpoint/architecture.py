@@ -28,6 +28,10 @@ BUILTIN_ARCHITECTURES = frozenset(
         "Qwen3MoeForCausalLM",
         "Phi3ForCausalLM",
         "BertModel",  # encoders: pooling only (checkpoint/pooling.py)
+        "LlamaModel",  # headless decoders: pooling only (model/headless.py)
+        "MistralModel",
+        "Qwen2Model",
+        "Qwen3Model",
         "XLMRobertaModel",
         "XLMRobertaForSequenceClassification",
     }

@@ -11,7 +11,8 @@ from inferengine.errors import ConfigError
 from inferengine.pooling_params import CONVERTS, RUNNERS, PoolerConfig
 
 # Decoder architectures whose last hidden states we pool (our native classes).
-POOLING_ARCHITECTURES = frozenset(
+HEADLESS = frozenset({"LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model"})
+POOLING_ARCHITECTURES = HEADLESS | frozenset(
     {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 )
 # Encoders (model/bert.py): bidirectional attention; positions start after XLM-R's padding id.
@@ -48,6 +49,8 @@ def resolve_pooler(
     if runner == "generate":
         if convert in ("embed", "classify"):
             raise ConfigError(f"--convert {convert} needs --runner pooling (or auto).")
+        if arch in HEADLESS | ENCODER_ARCHITECTURES | CROSS_ENCODERS:
+            raise ConfigError(f"{arch} has no LM head to generate with: it runs --runner pooling.")
         return None
     pooling = runner == "pooling" or convert in ("embed", "classify")
     if runner == "auto" and not pooling:
@@ -56,7 +59,7 @@ def resolve_pooler(
         return None
     if convert == "none":
         raise ConfigError("--convert none leaves no pooler: a pooling model needs --convert embed.")
-    if convert == "classify" and arch in POOLING_ARCHITECTURES:
+    if convert == "classify" and arch in POOLING_ARCHITECTURES - HEADLESS:
         return _yes_no_scorer(path, hf_config)
     if arch in ENCODER_ARCHITECTURES or arch in CROSS_ENCODERS:
         return _encoder(path, modules, hf_config, arch)

@@ -121,3 +121,30 @@ def test_bad_pooling_requests_are_refused(tiny_checkpoint):
     assert short.prompt_token_ids == list(range(16, 80))
     with pytest.raises(ConfigError, match="--convert must be one of"):
         LLM(str(path), runner="pooling", convert="reward")
+
+
+@pytest.mark.parametrize(
+    ("arch", "config_cls"), [("qwen2", "Qwen2Config"), ("llama3-tied", "LlamaConfig")]
+)
+def test_headless_decoder_checkpoints(tmp_path, arch, config_cls):
+    """A checkpoint saved without an LM head (e5-mistral's `MistralModel`, `Qwen2Model`) runs as
+    an embedder (runner auto), equal to Transformers' base model; generating from it is refused."""
+    import transformers
+
+    from tests.conftest import TINY_ARCHS, VOCAB_SIZE, build_tokenizer
+
+    kwargs = {**TINY_ARCHS[arch][1], "tie_word_embeddings": False}
+    config = getattr(transformers, config_cls)(
+        vocab_size=VOCAB_SIZE, max_position_embeddings=256, **kwargs
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(config).eval()
+    model.save_pretrained(tmp_path / arch)
+    build_tokenizer().save_pretrained(tmp_path / arch)
+    llm = LLM(str(tmp_path / arch), dtype="float32")
+    for prompt, out in zip(PROMPTS, llm.embed(PROMPTS, use_tqdm=False), strict=True):
+        with torch.no_grad():
+            want = F.normalize(model(torch.tensor([prompt])).last_hidden_state[0, -1], dim=0)
+        assert _cos(out.outputs.embedding, want) >= 0.99999
+    with pytest.raises(ConfigError, match="no LM head"):
+        LLM(str(tmp_path / arch), runner="generate")
