@@ -90,8 +90,9 @@ ENGINE_HELP = {
     "capture leaves cold (prefill chunks above the graph sizes, long contexts, top-p/penalties/"
     "logprobs/grammar sampling), on the null KV page; the start-up log says what and how long "
     "(default: on with CUDA, off on the CPU)",
-    "runner": "auto (pooling when the folder has Sentence-Transformers modules.json), generate, "
-    "or pooling (embeddings: /v1/embeddings, LLM.embed); see docs/embeddings.md",
-    "convert": "auto, none, or embed (run a decoder as an embedding model); classify is not "
-    "built yet",
+    "runner": "auto (pooling when the folder has Sentence-Transformers modules.json or its "
+    "architecture is a *Model / *ForSequenceClassification one), generate, or pooling "
+    "(/v1/embeddings, /v1/score, /v1/rerank; LLM.embed, LLM.score); see docs/embeddings.md",
+    "convert": "auto, none, embed (run a decoder as an embedding model), or classify (a decoder "
+    "as a yes/no reranker: P(yes) from classifier_from_token, default no/yes)",
 }
