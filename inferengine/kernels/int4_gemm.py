@@ -10,10 +10,15 @@ The layout every format is repacked into once its checkpoint is in
 - `scales` [G, N] and `zeros` [G, N] in the activation dtype (the zero points as numbers,
   so GPTQ v1's stored zero - 1, possibly 16, fits), w[k, n] = (q[k, n] - zeros[g, n]) *
   scales[g, n] with g = g_idx[k], or k // group_size without `g_idx`.
+
+To come with the GPU kernels: a tiled W4A16/W8A16 Triton GEMM over this layout, a skinny
+variant for decode-sized M (as `skinny_gemm.py` for 16-bit weights), and for act-order the
+rows sorted by group at repack (x's columns permuted per call) so a K tile meets one group.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,15 +40,34 @@ def unpack_int32(
     """The unsigned `bits`-bit values of int32 words, spread along `dim` (uint8: 8x the words'
     count along it). `order`: the column each word's value i goes to (AWQ_PACK_ORDER), else i."""
     per = pack_factor(bits)
-    shifts = torch.arange(per, device=packed.device, dtype=torch.int32) * bits
-    values = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # [..., words, per]
+    if bits in (4, 8):  # bytes of little-endian words, never wider than 8 bits a value
+        as_bytes = packed.contiguous().view(torch.uint8).unflatten(-1, (-1, 4))
+        if bits == 4:  # low nibble first
+            as_bytes = torch.stack((as_bytes & 0xF, as_bytes >> 4), dim=-1).flatten(-2)
+        values = as_bytes  # [..., words, per]
+    else:
+        shifts = torch.arange(per, device=packed.device, dtype=torch.int32) * bits
+        values = ((packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).to(torch.uint8)
     if order is not None:
         values = values[..., torch.argsort(torch.tensor(order, device=packed.device))]
-    values = values.to(torch.uint8)
-    moved = values.movedim(-1, dim + 1) if dim != packed.dim() - 1 else values
+    moved = values.movedim(-1, dim + 1)
     shape = list(packed.shape)
     shape[dim] *= per
     return moved.reshape(shape)
+
+
+def repack_columns(
+    unpack: Callable[[slice], torch.Tensor], columns: int, rows: int, bits: int
+) -> torch.Tensor:
+    """The kernels' `qweight` [rows / pack, columns] from `unpack(block)`, the uint8 values
+    [rows, block] of a block of output columns, a block at a time: a repack at load holds a
+    few times one block, not a layer's unpacked values."""
+    out = torch.empty(rows // pack_factor(bits), columns, dtype=torch.int32)
+    step = max(1, _REF_ELEMENTS // max(1, rows))
+    for start in range(0, columns, step):
+        block = slice(start, min(columns, start + step))
+        out[:, block] = pack_int32(unpack(block), bits, dim=0)
+    return out
 
 
 def pack_int32(values: torch.Tensor, bits: int, dim: int) -> torch.Tensor:

@@ -11,7 +11,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inferengine.kernels.int4_gemm import AWQ_PACK_ORDER, IntWeights, pack_int32, unpack_int32
+from inferengine.kernels.int4_gemm import (
+    AWQ_PACK_ORDER,
+    IntWeights,
+    repack_columns,
+    unpack_int32,
+)
 from inferengine.model.quantization.int_weights import IntLinearMethod, Packed
 
 
@@ -28,12 +33,17 @@ class AwqLinearMethod(IntLinearMethod):
         ]
 
     def kernel_layout(self, layer: nn.Module) -> IntWeights:
-        q = unpack_int32(layer.qweight.data, 4, dim=1, order=AWQ_PACK_ORDER)  # [K, N]
+        packed = layer.qweight.data  # [K, N / 8]
+
+        def unpack(block: slice) -> torch.Tensor:  # output columns block: whole words
+            words = packed[:, block.start // 8 : block.stop // 8]
+            return unpack_int32(words, 4, dim=1, order=AWQ_PACK_ORDER)
+
+        rows, columns = packed.shape[0], packed.shape[1] * 8
+        qweight = repack_columns(unpack, columns, rows, 4)
         zeros = unpack_int32(layer.qzeros.data, 4, dim=1, order=AWQ_PACK_ORDER)
         scales = layer.scales.data
-        return IntWeights(
-            pack_int32(q, 4, dim=0), scales, zeros.to(scales.dtype), None, 4, self.group_size
-        )
+        return IntWeights(qweight, scales, zeros.to(scales.dtype), None, 4, self.group_size)
 
 
 def awq_dequantize_ref(

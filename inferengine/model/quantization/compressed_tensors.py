@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from inferengine.kernels.int4_gemm import IntWeights, pack_int32, unpack_int32
+from inferengine.kernels.int4_gemm import IntWeights, repack_columns, unpack_int32
 from inferengine.model.quantization.int_weights import IntLinearMethod, Packed
 
 
@@ -31,11 +31,16 @@ class PackQuantizedLinearMethod(IntLinearMethod):
         return specs
 
     def kernel_layout(self, layer: nn.Module) -> IntWeights:
-        q = unpack_int32(layer.weight_packed.data, self.bits, dim=1)  # [N, K]
+        packed = layer.weight_packed.data  # [N, K / p]
+
+        def unpack(block: slice) -> torch.Tensor:  # [K, block] of output rows `block`
+            return unpack_int32(packed[block], self.bits, dim=1).t()
+
+        columns, rows = packed.shape[0], packed.shape[1] * self.pack
+        qweight = repack_columns(unpack, columns, rows, self.bits)
         scales = layer.weight_scale.data.t()
         zeros = torch.full_like(scales, float(1 << (self.bits - 1)))
         g_idx = layer.weight_g_idx.data if self.checkpoint.act_order else None
-        qweight = pack_int32(q.t(), self.bits, dim=0)
         return IntWeights(qweight, scales, zeros, g_idx, self.bits, self.group_size)
 
 

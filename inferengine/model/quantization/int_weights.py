@@ -65,7 +65,6 @@ class IntLinearMethod:
         tp = get_tp_size() if row_parallel else 1
         whole = self.group_size == -1 or (self.checkpoint.act_order and tp > 1)
         self._check_shape(layer, input_size, output_sizes, whole)
-        layer.input_features = input_size * tp  # every rank's, for whole-input tensors
         rows = sum(output_sizes)
         specs = self.tensors(whole)
         layer.checkpoint_tensor_names = [spec.name for spec in specs]

@@ -178,13 +178,13 @@ def quantize_layer(scheme: Scheme, w: torch.Tensor, seed: int) -> Quantized:
     return rtn(w, scheme.bits, scheme.group_size, sym, g_idx)
 
 
-def write_int_pair(src: Path, out: Path, scheme: Scheme, name: str) -> tuple[Path, Path]:
-    """(quantized checkpoint, float32 checkpoint of its dequantized weights) made from `src`."""
-    q_dir, float_dir = out / f"{name}-q", out / f"{name}-float"
-    for folder in (q_dir, float_dir):
-        shutil.copytree(src, folder)
+def quantize_tensors(
+    tensors: dict[str, torch.Tensor], scheme: Scheme
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(the checkpoint's tensors in `scheme`'s format, float32 tensors of the weights they
+    decode to): every attention and MLP projection quantized, the rest as it is."""
     q_tensors, float_tensors = {}, {}
-    for tname, w in sorted(load_file(src / "model.safetensors").items()):
+    for tname, w in sorted(tensors.items()):
         is_proj = tname.endswith(".weight") and tname.rsplit(".", 2)[-2] in PROJECTIONS
         if not is_proj:
             q_tensors[tname] = float_tensors[tname] = w
@@ -198,6 +198,28 @@ def write_int_pair(src: Path, out: Path, scheme: Scheme, name: str) -> tuple[Pat
         q_tensors |= {f"{prefix}.{k}": v.contiguous() for k, v in packed.items()}
         float_tensors[tname] = reference_dequantize(scheme, packed).contiguous()
         torch.testing.assert_close(float_tensors[tname], qz.dequantize(), rtol=0, atol=0)
+    return q_tensors, float_tensors
+
+
+def write_quantized(
+    tensors: dict[str, torch.Tensor], config: dict, out: Path, scheme: Scheme
+) -> Path:
+    """A checkpoint folder `out` (config.json and model.safetensors) holding `tensors`
+    quantized in `scheme`; tokenizer files are the caller's."""
+    out.mkdir(parents=True, exist_ok=True)
+    q_tensors, _ = quantize_tensors(tensors, scheme)
+    save_file(q_tensors, out / "model.safetensors", metadata={"format": "pt"})
+    config = dict(config, quantization_config=quantization_config(scheme))
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def write_int_pair(src: Path, out: Path, scheme: Scheme, name: str) -> tuple[Path, Path]:
+    """(quantized checkpoint, float32 checkpoint of its dequantized weights) made from `src`."""
+    q_dir, float_dir = out / f"{name}-q", out / f"{name}-float"
+    for folder in (q_dir, float_dir):
+        shutil.copytree(src, folder)
+    q_tensors, float_tensors = quantize_tensors(load_file(src / "model.safetensors"), scheme)
     save_file(q_tensors, q_dir / "model.safetensors", metadata={"format": "pt"})
     save_file(float_tensors, float_dir / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((src / "config.json").read_text())
