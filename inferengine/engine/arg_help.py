@@ -29,7 +29,8 @@ ENGINE_HELP = {
     "load_format": "weights: auto (safetensors or GGUF), or dummy (random, for benchmarks)",
     "quantization": "fp8: FP8 weights (one scale per output channel, quantized on load from a "
     "bf16/fp16 checkpoint) and FP8 activations per token; FP8 checkpoints (Hugging Face fp8, "
-    "compressed-tensors) are detected without it. none (default): unquantized",
+    "compressed-tensors) and int4/int8 checkpoints (AWQ, GPTQ, compressed-tensors "
+    "pack-quantized) are detected without it. none (default): unquantized",
     "gguf_dequantize": "load a GGUF's Q4_0/Q4_1/Q4_K/Q8_0/Q5_0 weights dequantized to --dtype; by "
     "default they stay quantized on the CPU, run by our C++ kernels",
     "model_impl": "auto: our own model code when the architecture has it, else Transformers' "
