@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 
-from inferengine.entrypoints.openai.serving_engine import OpenAIServing, random_id
+from inferengine.entrypoints.openai.serving_engine import OpenAIServing, ascii_name, random_id
 from inferengine.entrypoints.openai.streaming import close_streams, merge_streams, start_streams
 from inferengine.errors import InvalidRequestError
 from inferengine.outputs import RequestOutput
@@ -105,7 +105,9 @@ def embedding_inputs(
     run-batch)."""
     if req.model_extra:
         name = sorted(req.model_extra)[0]
-        raise InvalidRequestError(f"/v1/embeddings does not take {name!r}.", param=name)
+        raise InvalidRequestError(
+            f"/v1/embeddings does not take {ascii_name(name)!r}.", param=ascii_name(name)
+        )
     check_task(pooler, "embed")
     lists = as_token_lists(req.input, tokenizer, req.add_special_tokens)
     if len(lists) > MAX_INPUTS:

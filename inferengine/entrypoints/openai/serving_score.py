@@ -15,6 +15,7 @@ from inferengine.entrypoints.openai.serving_embedding import (
     pooling_handler,
     truncate,
 )
+from inferengine.entrypoints.openai.serving_engine import ascii_name
 from inferengine.entrypoints.pooling_inputs import cosine, first_float, pair_ids, pair_up
 from inferengine.errors import InvalidRequestError
 from inferengine.pooling_params import PoolingParams, resolve_pooling
@@ -83,7 +84,9 @@ class RerankResponse(BaseModel):
 def _refuse_extra(req: BaseModel, route: str) -> None:
     if req.model_extra:
         name = sorted(req.model_extra)[0]
-        raise InvalidRequestError(f"{route} does not take {name!r}.", param=name)
+        raise InvalidRequestError(
+            f"{route} does not take {ascii_name(name)!r}.", param=ascii_name(name)
+        )
 
 
 async def score_pairs(
