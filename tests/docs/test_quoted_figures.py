@@ -328,6 +328,7 @@ ACCURACY = {
     "qwen": "20261125T004910Z-fp8-accuracy-qwen2.5-7b-dummy",
     "qwen-grid": "20261125T005420Z-fp8-accuracy-qwen2.5-7b-grid",
 }
+INT4_ACCURACY = "20261207T155030Z-int4-accuracy-cpu"
 NEAR_TIES = "20261124T181125Z-spec-near-ties"
 SPEC_SMOLLM2 = "20261124T173326Z-spec-smollm2-k12"
 PROFILE = {
@@ -531,6 +532,15 @@ QUOTES: list[Quote] = [
       ACCURACY["qwen"], "fp8/all/positions", "fp8/all/argmax_agreement", "fp8/all/mean_kl",
       lambda get: get("fp8-grid/all/argmax_agreement", ACCURACY["qwen-grid"]),
       "float32/all/argmax_agreement"),
+    Q(QUANT, "int8 (GPTQ layout, groups of 64) agrees with the float model on {:.1%} of "
+             "positions, mean KL {:.4f} nats; int4 (AWQ layout, groups of 64, since its 576 hidden "
+             "features take no groups of 128) on {:.1%}, mean KL {:.2f} nats, and with groups of "
+             "32 on {:.1%}, mean KL {:.2f} nats", INT4_ACCURACY,
+      "schemes/gptq:64:8/argmax_agreement", "schemes/gptq:64:8/mean_kl",
+      "schemes/awq:64/argmax_agreement", "schemes/awq:64/mean_kl",
+      "schemes/awq:32/argmax_agreement", "schemes/awq:32/mean_kl"),
+    Q(QUANT, "short of the bar of {:.0%} agreement and a mean KL of {:.2f} nats", None,
+      lambda get: 0.95, lambda get: 0.02),
     Q(QUANT, "(even float32 against bf16 agrees on {:.0%}); on real weights the greedy "
              "continuations agree on {:.1f}-{:.1%} and the random-token prompt positions (diffuse "
              "by construction) on {:.0f}-{:.0%}.", (ACCURACY["smollm2"], ACCURACY["gemma3"]),
