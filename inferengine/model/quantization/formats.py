@@ -55,6 +55,7 @@ class IntQuantConfig(QuantizationConfig):
         )
 
     def finish_construction(self, model: nn.Module) -> None:
+        self.model_params = {name for name, _ in model.named_parameters()}
         if not any(isinstance(getattr(m, "quant_method", None), IntLinearMethod)
                    for m in model.modules()):  # fmt: skip
             raise ModelLoadError(
@@ -63,11 +64,27 @@ class IntQuantConfig(QuantizationConfig):
             )
 
     def checkpoint_tensors(self, weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+        weights = self._without_extra_biases(weights)
         if self.checkpoint.method == "compressed-tensors":
             return pack_quantized_tensors(weights, self.checkpoint.act_order)
         if self.checkpoint.method == "gptq":
             return gptq_tensors(weights, self.checkpoint.act_order)
-        return iter(weights)
+        return weights
+
+    def _without_extra_biases(
+        self, weights: Iterable[tuple[str, Any]]
+    ) -> Iterator[tuple[str, Any]]:
+        """AutoGPTQ (and some AWQ exports) save a bias for every quantized projection, zeros
+        where the model has none: those are read past, as vLLM does."""
+        params = getattr(self, "model_params", None)
+        for name, tensor in weights:
+            if params is not None and name.endswith(".bias") and name not in params:
+                target = name
+                for hf_part, our_part, _ in self.packed_modules:
+                    target = target.replace(f".{hf_part}.", f".{our_part}.")
+                if target not in params:
+                    continue
+            yield name, tensor
 
     def describe(self) -> str:
         return self.checkpoint.describe()

@@ -178,3 +178,19 @@ def test_ignored_layers_stay_float(float_source, tmp_path):
     model, _ = load_tiny(q_dir)
     assert isinstance(model.model.layers[0].mlp.down_proj.quant_method, IntLinearMethod)
     assert model.lm_head.weight.dtype == torch.float32
+
+
+def test_extra_zero_biases_are_read_past(float_source, tmp_path):
+    """AutoGPTQ saves a bias for every projection; where the model has none it is skipped."""
+    from safetensors.torch import load_file, save_file
+
+    scheme = Scheme("gptq", 4, 32, sym=True)
+    q_dir, _ = write_int_pair(float_source("qwen2"), tmp_path, scheme, "gptq")
+    tensors = load_file(q_dir / "model.safetensors")
+    for name in [n for n in tensors if n.endswith(".scales")]:
+        bias = name.replace(".scales", ".bias")
+        tensors.setdefault(bias, torch.zeros(tensors[name].shape[1]))
+    save_file(tensors, q_dir / "model.safetensors", metadata={"format": "pt"})
+    model, _ = load_tiny(q_dir)
+    assert model.model.layers[0].mlp.down_proj.bias is None
+    assert model.model.layers[0].self_attn.qkv_proj.bias is not None  # Qwen2's own, loaded
