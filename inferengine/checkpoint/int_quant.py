@@ -107,6 +107,8 @@ def _gptq(qc: dict[str, Any]) -> IntCheckpoint:
         raise _refuse(f"GPTQ checkpoint_format {fmt!r} (a repacked kernel layout)")
     if qc.get("dynamic"):
         raise _refuse("GPTQ per-module 'dynamic' overrides")
+    if qc.get("lm_head"):
+        raise _refuse("GPTQ lm_head true (a quantized LM head)")
     act_order = bool(qc.get("desc_act", False))
     return IntCheckpoint(
         "gptq",

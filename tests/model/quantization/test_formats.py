@@ -80,6 +80,7 @@ def test_supported_configs_parse():
         ({"quant_method": "gptq", "bits": 4, "is_marlin_format": True}, "'marlin'"),
         ({"quant_method": "gptq", "bits": 4, "dynamic": {"-:.*": {}}}, "dynamic"),
         ({"quant_method": "gptq", "bits": 4, "group_size": 100}, "group_size 100"),
+        ({"quant_method": "gptq", "bits": 4, "lm_head": True}, "lm_head true"),
         (ct(W4 | {"symmetric": False}), "asymmetric"),
         (ct(W4, input_activations={"num_bits": 8, "type": "int"}), "w4a8"),
         (ct(W4 | {"strategy": "tensor"}), "'tensor'"),
