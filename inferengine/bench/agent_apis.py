@@ -16,8 +16,8 @@ may end early; greedy decoding makes it end alike on every API. Session caching,
 
 TTFT is the time to the first event that carries output: a chunk with choices (chat, vLLM's
 rule), a `response.*.delta` (Responses), a `content_block_delta` (Messages); for a reply that
-is empty (EOS at once), the event that ends it (`response.completed`, `message_delta`), as
-chat's finish chunk.
+is empty (EOS at once), the event that ends it (`response.completed`, or `response.incomplete`
+when it ran out of tokens; `message_delta`), as chat's finish chunk.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def messages_payload(model: str, texts: Sequence[str], output_len: int, ttl: str
 
 # The event that ends a reply; for a reply without output it is the first output, as chat's
 # finish chunk is (a chunk with choices).
-_REPLY_ENDS = ("message_delta", "response.completed")
+_REPLY_ENDS = ("message_delta", "response.completed", "response.incomplete")
 
 
 class _EventTimer:
@@ -161,7 +161,7 @@ class _EventTimer:
     def _responses(self, kind: str, data: dict) -> str | None:
         if kind.endswith(".delta") and kind.startswith("response."):
             return str(data.get("delta") or "")
-        if kind == "response.completed":
+        if kind in ("response.completed", "response.incomplete"):  # incomplete: max tokens
             self.done = True
             usage = (data.get("response") or {}).get("usage") or {}
             if usage.get("output_tokens") is not None:
@@ -180,7 +180,7 @@ class _EventTimer:
             out.error = "the stream ended without a single output event"
             return
         if not self.done:
-            out.error = "the stream ended before its last event (message_stop / response.completed)"
+            out.error = "the stream ended before its last event (message_stop, response.completed)"
             return
         if not out.usage_reported:
             out.output_tokens = self.chunks

@@ -49,8 +49,10 @@ async def events_for(
             delta = {"type": "response.output_text.delta", "item_id": "m", "output_index": 0, "content_index": 0, "delta": piece}  # fmt: skip
             await response.write(sse(delta, True))
         usage = {"input_tokens": 40, "input_tokens_details": {"cached_tokens": 16}, "output_tokens": 2, "total_tokens": 42}  # fmt: skip
-        done = resp | {"status": "completed", "usage": usage}
-        await response.write(sse({"type": "response.completed", "response": done}, True))
+        # OpenAI ends a reply cut at max_output_tokens with response.incomplete
+        end = "incomplete" if body.get("model") == "cut" else "completed"
+        done = resp | {"status": end, "usage": usage}
+        await response.write(sse({"type": f"response.{end}", "response": done}, True))
     else:
         usage = {"input_tokens": 8, "cache_read_input_tokens": 16, "cache_creation_input_tokens": 16, "output_tokens": 0}  # fmt: skip
         start = {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "usage": usage}  # fmt: skip
@@ -195,6 +197,8 @@ def test_error_events_and_refusals_are_failed_turns(stub):
     assert ok.success and ok.generated_text == "Hello" and ok.output_tokens == 2
     assert (ok.prompt_len, ok.cached_tokens) == (40, 16)
     assert ok.ttft >= FIRST_DELAY_S * 0.9 and ok.latency >= ok.ttft
+    cut = asyncio.run(send("responses", "cut"))
+    assert cut.success and cut.generated_text == "Hello" and cut.output_tokens == 2, cut.error
     for api in ("messages", "responses"):  # an empty reply: TTFT at its end, as chat's
         empty = asyncio.run(send(api, "empty"))
         assert empty.success and empty.generated_text == "", empty.error
