@@ -133,6 +133,10 @@ def _block(value: Any) -> tuple[int, int]:
     return int(value[0]), int(value[1])
 
 
+# Architectures whose checkpoints hold fused projections our loader splits row-wise
+FUSED_IN_CHECKPOINT = {"Phi3ForCausalLM"}
+
+
 def resolve_quantization(
     flag: str | None, hf_config: dict[str, Any], native: bool = True
 ) -> str | None:
@@ -157,6 +161,13 @@ def resolve_quantization(
                 f"{integer.method} checkpoints need one of our own model implementations; this "
                 "architecture runs on the Transformers fallback (or --model-impl transformers "
                 "was given)."
+            )
+        if FUSED_IN_CHECKPOINT & set(hf_config.get("architectures") or ()):
+            raise ConfigError(
+                f"{integer.method} checkpoints of {', '.join(hf_config['architectures'])} are "
+                "not supported yet: its checkpoint stores qkv_proj and gate_up_proj fused, and "
+                "packed integer weights cannot be split as the float ones are. Use the float "
+                "checkpoint (optionally with --quantization fp8)."
             )
         return integer.method
     checkpoint = fp8_checkpoint(hf_config)

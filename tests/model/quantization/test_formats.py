@@ -108,6 +108,10 @@ def test_quantization_of_a_run():
             resolve_quantization(flag, awq)
     with pytest.raises(ConfigError, match="Transformers fallback"):
         resolve_quantization(None, awq, native=False)
+    # Phi-3 stores qkv_proj and gate_up_proj fused: packed words cannot be split as floats are
+    phi3 = awq | {"architectures": ["Phi3ForCausalLM"]}
+    with pytest.raises(ConfigError, match="stores qkv_proj and gate_up_proj fused"):
+        resolve_quantization(None, phi3)
 
 
 def test_engine_args_take_the_checkpoint_format(float_source, tmp_path):
