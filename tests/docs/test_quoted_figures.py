@@ -156,6 +156,14 @@ def ratios(a: str, b: str) -> Callable[[Getter], list[float]]:
     return lambda get: [x / y for x, y in zip(get(a), get(b), strict=True)]
 
 
+def per_round_ratios(get: Getter) -> list[float]:
+    """Messages' over chat's later-turn median TTFT, round by round (agent-apis-cpu)."""
+    by_round: dict[int, dict[str, float]] = {}
+    for run in get("runs"):
+        by_round.setdefault(run["repeat"], {})[run["api"]] = run["result"]["later_median_ttft_ms"]
+    return [r["messages"] / r["chat"] for r in by_round.values()]
+
+
 def row(rows: list[dict], **match: Any) -> dict:
     (found,) = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
     return found
@@ -329,6 +337,7 @@ ACCURACY = {
     "qwen-grid": "20261125T005420Z-fp8-accuracy-qwen2.5-7b-grid",
 }
 INT4_ACCURACY = "20261207T155030Z-int4-accuracy-cpu"
+AGENT_APIS = "20261207T150559Z-agent-apis-cpu"
 NEAR_TIES = "20261124T181125Z-spec-near-ties"
 SPEC_SMOLLM2 = "20261124T173326Z-spec-smollm2-k12"
 PROFILE = {
@@ -547,6 +556,17 @@ QUOTES: list[Quote] = [
       lambda get: get("float32/all/argmax_agreement", ACCURACY["qwen"]),
       percent_range("fp8/decode/argmax_agreement"),
       percent_range("fp8/prefill/argmax_agreement")),
+
+    # docs/responses-and-messages.md: the same agent sessions through Messages and chat
+    Q("docs/responses-and-messages.md",
+      "({:.3f}-{:.3f} in every round, equal for both APIs), and the later turns' median TTFT "
+      "through Messages was {:.2f}x that through chat (per round {:.2f}-{:.2f}; the 2-core "
+      "machine was shared and loaded, so runs varied {:.0f}x:", AGENT_APIS,
+      "runs/*/result/later_client_hit_rate|min", "runs/*/result/later_client_hit_rate|max",
+      "ratios/later_median_ttft_ms",
+      lambda get: min(per_round_ratios(get)), lambda get: max(per_round_ratios(get)),
+      lambda get: get("runs/*/result/later_median_ttft_ms|max")
+      / get("runs/*/result/later_median_ttft_ms|min")),
 
     # docs/speculative-decoding.md
     Q(SPEC, "{} of the {} requests part, each where the plain model's top two tokens lie within "
