@@ -7,12 +7,12 @@ lines instead of running them, with the device kind each needs):
                           --tensor-parallel-size TP (dummy weights, --max-model-len 2048,
                           --gpu-memory-utilization 0.90); batch1 carries the bandwidth floor
     c128:MODEL:TP[:K]     the same servers, workload c128 (concurrency 128)
-    alone:MODEL:TP[:K]    ours alone at TP: w1, batch1 and c128 (the scaling table: TP 1/2/4)
+    alone:MODEL:TP[:K]    ours alone at TP: w1, batch1 and c128 (the scaling table: TP 1/2/4/8)
     ray:MODEL:TP[:K]      ours with --distributed-executor-backend mp against ray, one node:
                           w1 and batch1 (what the Ray executor costs; needs `ray` on the host)
 
-MODEL is llama-3-70b (TP 2 or 4: 141 GB of bf16 weights, TP=2 needs H200s) or llama-3.1-8b
-(TP 1, 2 or 4). `vllm bench serve` judges; stage vLLM as benchmarks/gpu_paired.sh says (carry
+MODEL is llama-3-70b (TP 2, 4 or 8: 141 GB of bf16 weights, TP=2 needs H200s) or llama-3.1-8b
+(TP 1, 2, 4 or 8; TP=8 is [31]'s, on nvidia-h100-x8 when lent). `vllm bench serve` judges; stage vLLM as benchmarks/gpu_paired.sh says (carry
 .peer2), every folder comes back as $OUT/<folder>.tgz. Then, here:
 
     python3 benchmarks/gpu_tp_scaling.py tables benchmarks/results/<stamp>-tp*
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-MODELS = {"llama-3-70b": (2, 4), "llama-3.1-8b": (1, 2, 4)}  # name -> tensor-parallel sizes
+MODELS = {"llama-3-70b": (2, 4, 8), "llama-3.1-8b": (1, 2, 4, 8)}  # name -> tensor-parallel sizes
 KINDS = ("paired", "c128", "alone", "ray")
 WORKLOADS = {
     "paired": ["w1", "batch1"],
@@ -72,7 +72,9 @@ class Item:
         """The device machine this item needs (the 70B at TP=2 only fits H200s)."""
         if self.model == "llama-3-70b" and self.tp == 2:
             return "nvidia-h200-x2 (needs_h200)"
-        return {1: "nvidia-h100-x1", 2: "nvidia-h100-x2", 4: "nvidia-h100-x4"}[self.tp]
+        return {1: "nvidia-h100-x1", 2: "nvidia-h100-x2", 4: "nvidia-h100-x4", 8: "nvidia-h100-x8"}[
+            self.tp
+        ]
 
 
 def parse_item(text: str) -> Item:

@@ -28,9 +28,10 @@ def test_items_name_a_kind_a_shape_and_a_size():
         with pytest.raises(argparse.ArgumentTypeError, match=why):
             script.parse_item(bad)
     with pytest.raises(SystemExit):
-        script.main(["--dry-run", "paired:llama-3-70b:8"])
+        script.main(["--dry-run", "paired:llama-3-70b:16"])
     assert script.Item("paired", "llama-3-70b", 2).device_kind == "nvidia-h200-x2 (needs_h200)"
     assert script.Item("alone", "llama-3.1-8b", 4).device_kind == "nvidia-h100-x4"
+    assert script.Item("paired", "llama-3-70b", 8).device_kind == "nvidia-h100-x8"  # [31]
 
 
 def _printed(capsys, *items: str) -> list[str]:
