@@ -163,11 +163,12 @@ def test_killing_a_replica_loses_no_request_that_had_not_streamed(dp_server):
     for t in threads:
         t.start()
     # Each replica runs two at a time (a request takes 400 steps): the victim is one with
-    # requests streaming and requests waiting.
+    # requests streaming and at least two waiting, so that one still waits when the kill lands
+    # (the /stats row is a few milliseconds old by then).
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         rows = dp_server.stats()["replicas"]
-        ready = [r for r in rows if 0 < r["requests_streaming"] < r["requests_in_flight"]]
+        ready = [r for r in rows if 0 < r["requests_streaming"] <= r["requests_in_flight"] - 2]
         if ready:
             break
         time.sleep(0.02)

@@ -15,8 +15,11 @@ SESSION_KEY = "web-test-session"
 STAT = "((name) => Number(document.querySelector(`[data-stat='${name}']`).textContent))"
 
 
-def load(server, n: int = 3, max_tokens: int = 96) -> threading.Thread:
-    """`n` streamed requests at once in the background (the first one leases a session)."""
+def load(server, stop: threading.Event, n: int = 3, max_tokens: int = 96) -> threading.Thread:
+    """`n` clients streaming requests one after another until `stop` is set (the first client's
+    requests lease a session). The view polls /stats once a second, and a tiny model on a quiet
+    machine ends a 96-token request well within that: a load of single requests could start and
+    end between two polls, never seen running."""
 
     def one(k: int) -> None:
         body = {
@@ -28,12 +31,11 @@ def load(server, n: int = 3, max_tokens: int = 96) -> threading.Thread:
         }
         if k == 0:
             body |= {"prompt_cache_key": SESSION_KEY, "prompt_cache_retention": "1h"}
-        with (
-            server.client() as client,
-            client.stream("POST", "/v1/chat/completions", json=body) as r,
-        ):
-            for _ in r.iter_lines():
-                pass
+        with server.client() as client:
+            while not stop.is_set():
+                with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                    for _ in r.iter_lines():
+                        pass
 
     threads = [threading.Thread(target=one, args=(k,)) for k in range(n)]
     for t in threads:
@@ -47,13 +49,15 @@ def test_the_numbers_move_while_a_load_runs(page, web_server):
     page.click("#tab-engine")
     expect(page.locator('[data-stat="running"]')).to_have_text("0")
     before = page.locator("#chart-tokens polyline").nth(1).get_attribute("points")
-    runner = load(web_server)
+    stop = threading.Event()
+    runner = load(web_server, stop)
     try:
         page.wait_for_function(f"() => {STAT}('running') > 0")
         page.wait_for_function(f"() => {STAT}('gen-tps') > 0")
         assert page.locator("#chart-tokens polyline").nth(1).get_attribute("points") != before
         expect(page.locator("#sessions")).to_contain_text(SESSION_KEY, timeout=60_000)
     finally:
+        stop.set()
         runner.join(120)
     page.wait_for_function(f"() => {STAT}('running') === 0")
     assert "of" in page.locator('[data-stat="kv-used"]').inner_text()
