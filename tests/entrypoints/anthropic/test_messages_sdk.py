@@ -1,7 +1,8 @@
 """The official `anthropic` SDK against `inferengine serve`, unchanged (base_url = the server):
 `messages.create`, `messages.stream` and `messages.count_tokens`, a whole tool loop (tool_use ->
 tool_result -> answer) streamed and not, a multi-turn conversation whose `cache_control` marks
-make later turns read the cache, stop sequences, and both ways of sending the key."""
+make later turns read the cache, a JSON-schema output, stop sequences, and both ways of sending
+the key."""
 
 from __future__ import annotations
 
@@ -126,6 +127,28 @@ def test_tool_choice_any_without_parallel_calls_calls_one_tool(client):
     assert reply.stop_reason == "tool_use", reply
     assert [(b.type, b.name) for b in reply.content] == [("tool_use", "get_weather")]
     jsonschema.validate(reply.content[0].input, CITY)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_json_schema_output_is_valid_json_of_the_schema(client, stream):
+    """output_config.format (Anthropic's structured outputs): the reply's text is the schema's
+    JSON, held there by the same grammar chat's response_format uses."""
+    kwargs = dict(
+        model=SERVED_NAME,
+        max_tokens=60,
+        messages=[QUESTION],
+        output_config={"format": {"type": "json_schema", "schema": CITY}},
+        thinking=NO_THINKING,
+        extra_body=GREEDY,
+    )
+    if stream:
+        with client.messages.stream(**kwargs) as events:
+            reply = events.get_final_message()
+    else:
+        reply = client.messages.create(**kwargs)
+    assert [b.type for b in reply.content] == ["text"], reply
+    assert reply.stop_reason == "end_turn", reply
+    jsonschema.validate(json.loads(reply.content[0].text), CITY)
 
 
 def test_cache_control_makes_later_turns_read_the_cache(client):
