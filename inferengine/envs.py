@@ -67,6 +67,20 @@ def rank_env() -> dict[str, str]:
     return replica_env() | {k: v for k, v in os.environ.items() if k.startswith(forwarded)}
 
 
+def environment_without(names: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> dict[str, str]:
+    """This process's environment less the variables `names` and those starting with a prefix
+    in `prefixes` (what the benchmark harness hands to the servers it starts)."""
+    return {
+        k: v for k, v in os.environ.items() if k not in names and not k.startswith(prefixes or ())
+    }
+
+
+def disable_symm_mem_multicast() -> None:
+    """Keep torch's symmetric memory off NVLink multicast (read by torch at each rendezvous;
+    the GPU hosts keep multicast off)."""
+    os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+
+
 def ray_address() -> str | None:
     """The Ray cluster to join when `--ray-address` is not given (`RAY_ADDRESS`, Ray's own)."""
     return os.environ.get("RAY_ADDRESS") or None

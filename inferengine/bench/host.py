@@ -10,11 +10,12 @@ process listing once before each launch.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from inferengine import envs
 
 # Set by the GPU scripts for the harness's own output; a user's shell does not have them.
 HARNESS_ONLY_VARS = ("PYTHONUNBUFFERED",)
@@ -27,10 +28,7 @@ def child_env(vllm: bool) -> dict[str, str]:
     """The environment of a server or judge process: the harness's, less what only the harness
     sets, and for vLLM's processes less our and vLLM's variables (its command line sets those
     that peers/vllm-serve.sh sets), so vLLM runs as it does started by hand."""
-    env = {k: v for k, v in os.environ.items() if k not in HARNESS_ONLY_VARS}
-    if vllm:
-        env = {k: v for k, v in env.items() if not k.startswith(NOT_FOR_VLLM_PREFIXES)}
-    return env
+    return envs.environment_without(HARNESS_ONLY_VARS, NOT_FOR_VLLM_PREFIXES if vllm else ())
 
 
 def has_nvidia_device() -> bool:

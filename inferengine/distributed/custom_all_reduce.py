@@ -9,12 +9,12 @@ ordinary loads, are called.
 
 from __future__ import annotations
 
-import os
 import socket
 
 import torch
 import torch.distributed as dist
 
+from inferengine import envs
 from inferengine.logger import init_logger
 
 logger = init_logger(__name__)
@@ -139,9 +139,8 @@ def _rendezvous(buffer: torch.Tensor, group: object) -> object:
     """Map every rank's buffer into every other rank (a collective)."""
     import torch.distributed._symmetric_memory as symm_mem
 
-    # Read by torch at each rendezvous: without it torch binds the buffers to an NVLink
-    # multicast object on GPUs that have one, and the GPU hosts keep multicast off.
-    os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+    # Without it torch binds the buffers to an NVLink multicast object on GPUs that have one.
+    envs.disable_symm_mem_multicast()
     handle = symm_mem.rendezvous(buffer, group.group_name)
     if getattr(handle, "multicast_ptr", 0):
         raise RuntimeError("torch bound the buffer to an NVLink multicast object")
