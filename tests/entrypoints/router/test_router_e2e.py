@@ -133,4 +133,8 @@ def test_killing_the_producer_mid_load_loses_no_request(servers):
     assert answers == [expected[p] for p, _ in jobs]
     scrape = httpx.get(f"{router.url}/metrics").text
     assert metric(scrape, "router_errors_total", reason="stream_broken") == 0
-    assert httpx.get(f"{router.url}/health").json()["prefill_up"] == 0
+    # the router notices the dead engine at its next health poll (--health-check-interval)
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{router.url}/health").json()["prefill_up"] != 0:
+        assert time.monotonic() < deadline, "the router never noticed the producer's death"
+        time.sleep(0.2)
